@@ -1,0 +1,108 @@
+"""The input of one incremental forward step over many sequences.
+
+Sequences of different lengths are packed back to back ("varlen"): a step may
+prefill a whole prompt for one sequence, a chunk of a prompt for another and a
+single token for the rest. Each model reads only what its state kind needs:
+slot indices (LSTM, gated CNN) or block tables (Transformer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+
+@dataclass(eq=False)
+class StepBatch:
+    token_ids: torch.Tensor  # (T,) int64: new tokens of every sequence, concatenated
+    positions: torch.Tensor  # (T,) int64: position of each token within its sequence
+    query_lens: list[int]  # new tokens per sequence, sums to T
+    slots: torch.Tensor | None = None  # (B,) state slot per sequence (fixed-size state)
+    block_tables: torch.Tensor | None = None  # (B, max_blocks) cache blocks per sequence (paged K,V)
+    logits_indices: torch.Tensor | None = None  # (K,) rows of the packed batch to score; None: all rows
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @cached_property
+    def max_query_len(self) -> int:
+        return max(self.query_lens)
+
+    @cached_property
+    def flat_index(self) -> torch.Tensor:
+        """(T,) where each packed token sits in a right-padded (B * max_query_len) layout."""
+        seq_of_token = torch.repeat_interleave(
+            torch.arange(self.num_seqs), torch.tensor(self.query_lens, dtype=torch.long)
+        ).to(self.token_ids.device)
+        offset = torch.arange(self.num_tokens, device=self.token_ids.device) - self.seq_starts[seq_of_token]
+        return seq_of_token * self.max_query_len + offset
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, ...) packed -> (B, max_query_len, ...) right-padded with zeros."""
+        if self.max_query_len == 1:
+            return x.unsqueeze(1)
+        out = x.new_zeros((self.num_seqs * self.max_query_len, *x.shape[1:]))
+        out[self.flat_index] = x
+        return out.view(self.num_seqs, self.max_query_len, *x.shape[1:])
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, max_query_len, ...) right-padded -> (T, ...) packed."""
+        if self.max_query_len == 1:
+            return x.squeeze(1)
+        return x.reshape(self.num_seqs * self.max_query_len, *x.shape[2:])[self.flat_index]
+
+    @cached_property
+    def seq_starts(self) -> torch.Tensor:
+        """(B,) index of each sequence's first new token in the packed batch."""
+        lens = torch.tensor(self.query_lens, dtype=torch.long)
+        return (torch.cumsum(lens, 0) - lens).to(self.token_ids.device)
+
+    @cached_property
+    def last_indices(self) -> torch.Tensor:
+        """(B,) index of each sequence's last new token in the packed batch."""
+        lens = torch.tensor(self.query_lens, dtype=torch.long, device=self.token_ids.device)
+        return self.seq_starts + lens - 1
+
+    @classmethod
+    def build(
+        cls,
+        new_tokens: list[list[int]],
+        start_positions: list[int],
+        *,
+        slots: list[int] | None = None,
+        block_tables: list[list[int]] | None = None,
+        logits: str = "last",
+        device: torch.device | str = "cpu",
+    ) -> "StepBatch":
+        """Pack per-sequence token lists; `logits` is "last" (one row per sequence) or "all"."""
+        if len(new_tokens) != len(start_positions) or any(len(t) == 0 for t in new_tokens):
+            raise ValueError("every sequence in a step needs at least one new token and a start position")
+        token_ids = torch.tensor([t for seq in new_tokens for t in seq], dtype=torch.long, device=device)
+        positions = torch.tensor(
+            [start + i for seq, start in zip(new_tokens, start_positions) for i in range(len(seq))],
+            dtype=torch.long,
+            device=device,
+        )
+        tables = None
+        if block_tables is not None:
+            width = max(len(t) for t in block_tables)
+            tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long, device=device)
+        batch = cls(
+            token_ids=token_ids,
+            positions=positions,
+            query_lens=[len(t) for t in new_tokens],
+            slots=None if slots is None else torch.tensor(slots, dtype=torch.long, device=device),
+            block_tables=tables,
+        )
+        if logits == "last":
+            batch.logits_indices = batch.last_indices
+        elif logits != "all":
+            raise ValueError(f"logits must be 'last' or 'all', not {logits!r}")
+        return batch

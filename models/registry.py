@@ -1,0 +1,11 @@
+"""Architecture name -> (config class, model class)."""
+
+from .gcnn import GCNNConfig, GCNNLanguageModel
+from .lstm import LSTMConfig, LSTMLanguageModel
+from .transformer import TransformerConfig, TransformerLanguageModel
+
+ARCHITECTURES = {
+    "lstm": (LSTMConfig, LSTMLanguageModel),
+    "gcnn": (GCNNConfig, GCNNLanguageModel),
+    "transformer": (TransformerConfig, TransformerLanguageModel),
+}

@@ -1,0 +1,74 @@
+"""Incremental decoding state, allocated up front with fixed shapes.
+
+Two kinds, matching how the architectures remember the past:
+- `SlotState`: a fixed-size state per sequence (LSTM (h, c); gated-CNN convolution
+  windows) in a pool of slots. Fork = copy a slot.
+- `PagedKVCache`: Transformer keys and values in fixed-size blocks; a sequence owns a
+  list of blocks (its block table), so memory grows with the tokens it holds.
+The engine owns which slot or block belongs to whom; these classes only hold tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _index(ids, device) -> torch.Tensor:
+    return torch.as_tensor(ids, dtype=torch.long, device=device)
+
+
+class SlotState:
+    """Named tensors whose first dimension is the slot."""
+
+    kind = "slots"
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        sizes = {t.shape[0] for t in tensors.values()}
+        if len(sizes) != 1:
+            raise ValueError("every state tensor needs the same number of slots")
+        self.tensors = tensors
+        self.num_slots = sizes.pop()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    @property
+    def bytes_per_slot(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.tensors.values())
+
+    def reset(self, slots) -> None:
+        """Give slots the state of an empty sequence (all zeros)."""
+        for t in self.tensors.values():
+            t[_index(slots, t.device)] = 0
+
+    def copy(self, src, dst) -> None:
+        """Fork: slots `dst` continue from where slots `src` are."""
+        for t in self.tensors.values():
+            t[_index(dst, t.device)] = t[_index(src, t.device)]
+
+
+class PagedKVCache:
+    """Keys and values of every layer, (n_layers, num_blocks, block_size, n_kv_heads, head_dim)."""
+
+    kind = "paged_kv"
+
+    def __init__(self, n_layers, num_blocks, block_size, n_kv_heads, head_dim, dtype, device):
+        shape = (n_layers, num_blocks, block_size, n_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+    @property
+    def bytes_per_block(self) -> int:
+        return 2 * self.k[:, 0].numel() * self.k.element_size()
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.bytes_per_block // self.block_size
+
+    def copy_blocks(self, src, dst) -> None:
+        """Copy-on-write: blocks `dst` get the contents of blocks `src`."""
+        src, dst = _index(src, self.k.device), _index(dst, self.k.device)
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]

@@ -1,0 +1,284 @@
+"""Decoder-only Transformer covering our own default and the GPT-2 and Llama families.
+
+One configuration spans the two designs: learned positions + LayerNorm + GELU MLP
+(GPT-2), or rotary positions + RMSNorm + SwiGLU + grouped-query attention (Llama).
+
+State per sequence: K and V of every layer in fixed-size blocks of a `PagedKVCache`;
+a step writes the new tokens' K,V into their slots, then attends over the blocks
+listed in each sequence's block table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .batch import StepBatch
+from .state import PagedKVCache
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+@dataclass
+class TransformerConfig:
+    vocab_size: int
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # fewer than n_heads: grouped-query attention
+    head_dim: int | None = None  # default d_model // n_heads
+    d_ff: int | None = None  # default 4 * d_model, or 8/3 of it for a gated MLP
+    max_seq_len: int = 256  # context window
+    positional: str = "rope"  # "rope" | "learned"
+    norm: str = "rmsnorm"  # "rmsnorm" | "layernorm"
+    norm_eps: float = 1e-5
+    gated_mlp: bool = True  # SwiGLU-style: act(gate(x)) * up(x)
+    activation: str = "silu"
+    attn_bias: bool = False
+    mlp_bias: bool = False
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"rope_type": "linear"|"llama3", "factor": ..., ...}
+    tie_embeddings: bool = True
+    dropout: float = 0.0  # training only
+    extra: dict = field(default_factory=dict)  # provenance (e.g. the Hugging Face class it came from)
+
+    def __post_init__(self):
+        self.n_kv_heads = self.n_kv_heads or self.n_heads
+        self.head_dim = self.head_dim or self.d_model // self.n_heads
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model if not self.gated_mlp else 64 * math.ceil(8 * self.d_model / 3 / 64)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        for name, value, allowed in [
+            ("positional", self.positional, ("rope", "learned")),
+            ("norm", self.norm, ("rmsnorm", "layernorm")),
+            ("activation", self.activation, tuple(ACTIVATIONS)),
+        ]:
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
+
+
+class RMSNorm(nn.Module):
+    """Normalises in float32 whatever the weights' dtype, as Llama does."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def make_norm(config: TransformerConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+
+
+def rope_inv_freq(config: TransformerConfig, device) -> torch.Tensor:
+    """(head_dim / 2,) rotation frequencies, with Llama's long-context rescaling if configured."""
+    dim = config.head_dim
+    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim)
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope_scaling type {kind!r}")
+
+
+def rope_tables(config: TransformerConfig, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions (...,) -> cos, sin (..., head_dim), halves repeated as in rotate-half RoPE."""
+    freqs = positions.float()[..., None] * rope_inv_freq(config, positions.device)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (..., T, n_heads, head_dim); cos/sin (..., T, head_dim)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return x * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.qkv = nn.Linear(c.d_model, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim, bias=c.attn_bias)
+        self.out = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=c.attn_bias)
+
+    def project(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., T, D) -> q (..., T, H, hd), k and v (..., T, KVH, hd)."""
+        c = self.config
+        q, k, v = self.qkv(x).split([c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim], -1)
+        q = q.unflatten(-1, (c.n_heads, c.head_dim))
+        k = k.unflatten(-1, (c.n_kv_heads, c.head_dim))
+        v = v.unflatten(-1, (c.n_kv_heads, c.head_dim))
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
+
+    def attend(self, q, k, v, mask=None, causal=False) -> torch.Tensor:
+        """q (B, Tq, H, hd), k/v (B, Tk, KVH, hd) -> (B, Tq, H * hd)."""
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            attn_mask=mask, is_causal=causal, enable_gqa=self.config.n_kv_heads != self.config.n_heads,
+        )
+        return out.transpose(1, 2).flatten(-2)
+
+    def forward(self, x: torch.Tensor, rope) -> torch.Tensor:
+        """Full causal attention over x (B, T, D), no cache."""
+        q, k, v = self.project(x, rope)
+        return self.out(self.attend(q, k, v, causal=True))
+
+    def step(self, x: torch.Tensor, rope, k_cache, v_cache, meta: "PagedAttention") -> torch.Tensor:
+        """x (T, D) packed new tokens; k_cache/v_cache (num_blocks, block_size, KVH, hd) of this layer."""
+        q, k, v = self.project(x, rope)
+        k_cache.view(-1, *k.shape[1:])[meta.slot_mapping] = k
+        v_cache.view(-1, *v.shape[1:])[meta.slot_mapping] = v
+        keys = k_cache[meta.block_tables].flatten(1, 2)  # (B, max_blocks * block_size, KVH, hd)
+        values = v_cache[meta.block_tables].flatten(1, 2)
+        out = self.attend(meta.batch.pad(q), keys, values, mask=meta.mask)
+        return self.out(meta.batch.unpad(out))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.gated = config.gated_mlp
+        width = 2 * config.d_ff if self.gated else config.d_ff
+        self.up = nn.Linear(config.d_model, width, bias=config.mlp_bias)  # gated: [gate; up]
+        self.down = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
+        self.act = ACTIVATIONS[config.activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            return self.down(self.act(gate) * up)
+        return self.down(self.act(h))
+
+
+class Block(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.attn_norm = make_norm(config)
+        self.attn = Attention(config)
+        self.mlp_norm = make_norm(config)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, rope):
+        x = x + self.drop(self.attn(self.attn_norm(x), rope))
+        return x + self.drop(self.mlp(self.mlp_norm(x)))
+
+    def step(self, x, rope, k_cache, v_cache, meta):
+        x = x + self.attn.step(self.attn_norm(x), rope, k_cache, v_cache, meta)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+@dataclass
+class PagedAttention:
+    """What every layer of one step needs to read and write the paged cache; built once per step."""
+
+    batch: StepBatch
+    slot_mapping: torch.Tensor  # (T,) flat cache slot of each new token
+    block_tables: torch.Tensor  # (B, max_blocks)
+    mask: torch.Tensor  # (B, 1, max_query_len, max_blocks * block_size): key visible to query
+
+    @classmethod
+    def build(cls, batch: StepBatch, block_size: int) -> "PagedAttention":
+        tables = batch.block_tables
+        seq_of_token = torch.repeat_interleave(
+            torch.arange(batch.num_seqs, device=tables.device),
+            torch.tensor(batch.query_lens, device=tables.device),
+        )
+        pos = batch.positions
+        slot_mapping = tables[seq_of_token, pos // block_size] * block_size + pos % block_size
+        # Padded query rows get position 0, so they see key 0 only and never an empty row.
+        query_pos = batch.pad(pos)  # (B, Q)
+        key_pos = torch.arange(tables.shape[1] * block_size, device=tables.device)
+        mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
+        return cls(batch, slot_mapping, tables, mask)
+
+
+class TransformerLanguageModel(nn.Module):
+    state_kind = PagedKVCache.kind
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_embed = nn.Embedding(config.max_seq_len, config.d_model) if config.positional == "learned" else None
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = make_norm(config)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.drop = nn.Dropout(config.dropout)
+
+    def init_weights(self) -> None:
+        """GPT-2 style initialisation for training from scratch (residual outputs scaled by depth)."""
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * self.config.n_layers) if name.endswith(("out.weight", "down.weight")) else 0.02
+                nn.init.normal_(p, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor):
+        x = self.embed(tokens)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions)
+            return x, None
+        return x, rope_tables(self.config, positions, x.dtype)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(self.norm(h), weight).float()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, V) logits, no cache."""
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x, rope = self._embed(tokens, positions)
+        x = self.drop(x)
+        for layer in self.layers:
+            x = layer(x, rope)
+        return self._logits(x)
+
+    def new_state(self, num_blocks: int, block_size: int = 16, dtype: torch.dtype | None = None) -> PagedKVCache:
+        c = self.config
+        like = self.embed.weight
+        return PagedKVCache(c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim, dtype or like.dtype, like.device)
+
+    def step(self, batch: StepBatch, state: PagedKVCache) -> torch.Tensor:
+        """Run the new tokens of each sequence against its cached K,V; write their K,V in place."""
+        meta = PagedAttention.build(batch, state.block_size)
+        x, rope = self._embed(batch.token_ids, batch.positions)
+        for i, layer in enumerate(self.layers):
+            x = layer.step(x, rope, state.k[i], state.v[i], meta)
+        if batch.logits_indices is not None:
+            x = x[batch.logits_indices]
+        return self._logits(x)

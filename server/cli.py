@@ -1,0 +1,56 @@
+"""The `quill` command: one entry point, a subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from models.checkpoint import CheckpointError, load_checkpoint
+from models.generate import generate
+
+
+def _generate(args: argparse.Namespace) -> int:
+    loaded = load_checkpoint(args.model, device=args.device, dtype=args.dtype)
+    sys.stdout.write(args.prompt)
+    for delta in generate(
+        loaded, args.prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    ):
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def _add_generate_parser(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="load a checkpoint and continue a prompt, offline")
+    p.add_argument("prompt")
+    p.add_argument("--model", default="shakespeare-transformer", help="checkpoint directory or bundled model name")
+    p.add_argument("--max-tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
+    p.add_argument("--top-k", type=int, default=40, help="0 to sample from the whole vocabulary")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.set_defaults(run=_generate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quill", description="Quill: serve LSTM, gated-CNN and Transformer LMs")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_generate_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (CheckpointError, ValueError) as e:
+        print(f"quill {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Our checkpoint format round-trips; every bad checkpoint gives one clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from models.tokenizer import Tokenizer
+from tests.conftest import TINY_CONFIGS, build_hf_tokenizer, build_tiny_model
+
+V = 300
+
+
+def write_checkpoint(directory, key="transformer-llama", dtype=torch.float32):
+    arch, model = build_tiny_model(key, V)
+    save_checkpoint(directory, arch, model, Tokenizer(build_hf_tokenizer(V), eos_token_id=0), dtype=dtype)
+    return model
+
+
+@pytest.mark.parametrize("key", list(TINY_CONFIGS))
+def test_round_trip_gives_the_same_logits(tmp_path, key):
+    model = write_checkpoint(tmp_path, key)
+    loaded = load_checkpoint(tmp_path, device="cpu", dtype="float32")
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    torch.testing.assert_close(loaded.model(tokens), model(tokens), atol=0, rtol=0)
+    assert loaded.tokenizer.eos_token_id == 0 and loaded.eos_token_ids == [0]
+    assert not any(p.requires_grad for p in loaded.model.parameters())
+
+
+def test_sixteen_bit_checkpoint_loads_in_any_dtype(tmp_path):
+    write_checkpoint(tmp_path, dtype=torch.float16)
+    assert all(t.dtype == torch.float16 for t in load_file(tmp_path / "model.safetensors").values())
+    for dtype in ("float32", "bfloat16", "float16"):
+        loaded = load_checkpoint(tmp_path, device="cpu", dtype=dtype)
+        assert loaded.model.embed.weight.dtype == getattr(torch, dtype)
+
+
+def expect_error(path, *fragments):
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path, device="cpu")
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_missing_directory(tmp_path):
+    expect_error(tmp_path / "nope", "nope", "no such checkpoint directory")
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "tokenizer.json"])
+def test_missing_file(tmp_path, name):
+    write_checkpoint(tmp_path)
+    (tmp_path / name).unlink()
+    expect_error(tmp_path, name, "missing file")
+
+
+def test_unknown_architecture(tmp_path):
+    write_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["architecture"] = "mamba"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    expect_error(tmp_path, "config.json", "unknown architecture 'mamba'", "lstm", "gcnn", "transformer")
+
+
+def test_unknown_hugging_face_model_type(tmp_path):
+    write_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    expect_error(tmp_path, "config.json", "unsupported Hugging Face model_type 'bert'")
+
+
+def test_config_that_is_not_json(tmp_path):
+    write_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    expect_error(tmp_path, "config.json", "not valid JSON")
+
+
+def test_config_with_unknown_field(tmp_path):
+    write_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["config"]["n_wizards"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    expect_error(tmp_path, "config.json", "invalid model configuration", "n_wizards")
+
+
+def test_missing_tensor(tmp_path):
+    write_checkpoint(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["layers.1.mlp.down.weight"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    expect_error(tmp_path, "model.safetensors", "missing tensor 'layers.1.mlp.down.weight'")
+
+
+def test_misshapen_tensor(tmp_path):
+    write_checkpoint(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["layers.0.attn.qkv.weight"] = tensors["layers.0.attn.qkv.weight"][:, :7].contiguous()
+    save_file(tensors, tmp_path / "model.safetensors")
+    expect_error(tmp_path, "model.safetensors", "layers.0.attn.qkv.weight", "(64, 7)", "expected (64, 32)")
+
+
+def test_corrupt_weights_file(tmp_path):
+    write_checkpoint(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"\x00" * 64)
+    expect_error(tmp_path, "model.safetensors", "not a readable safetensors file")
+
+
+def test_corrupt_tokenizer(tmp_path):
+    write_checkpoint(tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"model": 3}')
+    expect_error(tmp_path, "tokenizer.json", "not a readable tokenizer")
+
+
+def test_tokenizer_larger_than_the_model_vocabulary(tmp_path):
+    write_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["config"]["vocab_size"] = 100
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    expect_error(tmp_path, "tokenizer.json", "tokenizer has 300 tokens", "only 100")
+
+
+def test_pickle_is_never_loaded(tmp_path):
+    write_checkpoint(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save({"embed.weight": torch.zeros(1)}, tmp_path / "pytorch_model.bin")
+    expect_error(tmp_path, "model.safetensors", "missing file")
