@@ -1,0 +1,139 @@
+"""Paged K,V cache bookkeeping: which block holds which tokens of which sequence.
+
+Plain Python on the CPU; the tensors live in the model's `PagedKVCache`, which this
+class touches only through `copy_blocks` (copy-on-write). Blocks are shared by
+reference count between forked sequences and between sequences whose prompts share
+a prefix (prefix caching: a full block is keyed by all the tokens up to its end).
+A freed block keeps its key until it is reused, so a later request can still hit it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from .prefix import BlockKey, block_keys
+
+
+class KVBlockManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        copy_blocks: Callable[[list[int], list[int]], None],
+        enable_prefix_caching: bool = True,
+    ):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.copy_blocks = copy_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_key: list[BlockKey | None] = [None] * num_blocks
+        self.cached: dict[BlockKey, int] = {}  # key -> block holding exactly those tokens
+        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest freed first
+        self.tables: dict[int, list[int]] = {}
+        self.prefix_queries = 0  # prompt tokens looked up
+        self.prefix_hits = 0  # prompt tokens found cached
+
+    # ---- what the scheduler asks -------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by live sequences."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return self.tables[seq_id]
+
+    def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int) -> int:
+        """Start a sequence; reuse cached blocks of its prefix. Returns how many tokens are already computed."""
+        table: list[int] = []
+        if self.enable_prefix_caching:
+            self.prefix_queries += len(token_ids)
+            for key in block_keys(token_ids, self.block_size, max_cached_tokens // self.block_size):
+                block = self.cached.get(key)
+                if block is None:
+                    break
+                self._take(block)
+                table.append(block)
+            self.prefix_hits += len(table) * self.block_size
+        self.tables[seq_id] = table
+        return len(table) * self.block_size
+
+    def allocate(self, seq_id: int, num_computed: int, num_new_tokens: int) -> bool:
+        """Make room to write tokens [num_computed, num_computed + num_new_tokens). False (and no change) if full."""
+        table = self.tables[seq_id]
+        first_block = num_computed // self.block_size
+        shared = [i for i in range(first_block, len(table)) if self.ref_counts[table[i]] > 1]
+        grow = max(0, self.blocks_needed(num_computed + num_new_tokens) - len(table))
+        if grow + len(shared) > self.num_free_blocks:
+            return False
+        for i in shared:  # copy-on-write: never write into a block another sequence reads
+            fresh = self._pop_free()
+            self.copy_blocks([table[i]], [fresh])
+            self._release(table[i])
+            table[i] = fresh
+        table.extend(self._pop_free() for _ in range(grow))
+        return True
+
+    def can_admit(self, num_seqs: int = 1) -> bool:
+        return True  # blocks are checked when they are allocated
+
+    def can_fork(self, num_children: int) -> bool:
+        return True  # children share blocks until they write
+
+    def chunk_limit(self, num_computed: int, num_prompt_tokens: int) -> int | None:
+        return None  # any chunk size: every full block is keyed as it is written
+
+    def commit(self, seq_id: int, token_ids: list[int], num_computed: int, num_prompt_tokens: int) -> None:
+        """Tokens [0, num_computed) are now in the cache: key their full blocks (prompt or output) for reuse."""
+        if not self.enable_prefix_caching:
+            return
+        table = self.tables[seq_id]
+        for i, key in enumerate(block_keys(token_ids[:num_computed], self.block_size)):
+            block = table[i]
+            if self.block_key[block] is not None:
+                continue
+            if key in self.cached:  # the same tokens already sit in another block: keep that one
+                continue
+            self.block_key[block] = key
+            self.cached[key] = block
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """The child shares every block of the parent until one of them writes."""
+        table = list(self.tables[parent_id])
+        for block in table:
+            self.ref_counts[block] += 1
+        self.tables[child_id] = table
+
+    def free(self, seq_id: int) -> None:
+        for block in reversed(self.tables.pop(seq_id, [])):  # tail first: evicted before the shared prefix
+            self._release(block)
+
+    # ---- block pool --------------------------------------------------------------
+
+    def _take(self, block: int) -> None:
+        if self.ref_counts[block] == 0:
+            del self.free_blocks[block]
+        self.ref_counts[block] += 1
+
+    def _pop_free(self) -> int:
+        block, _ = self.free_blocks.popitem(last=False)
+        key = self.block_key[block]
+        if key is not None:  # evict the old contents from the prefix cache
+            del self.cached[key]
+            self.block_key[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+    def _release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free_blocks[block] = None

@@ -1,0 +1,179 @@
+"""Which sequences run in the next step, and how many of their tokens.
+
+Iteration-level batching: requests join the running set at any step and leave the
+moment they finish. Running requests are served first (decode tokens, or the next
+chunk of a long prompt), then waiting requests are admitted while the per-step token
+budget and the sequence cap allow. When the cache is full, the most recently admitted
+request is preempted: its cache is freed and it is recomputed later from its tokens.
+Plain Python: the cache is reached only through its manager's narrow interface.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .sequence import Sequence, SequenceGroup, Status
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its bound; the API answers 429."""
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64  # live sequences in the running set (beams and samples count one each)
+    max_num_batched_tokens: int = 2048  # tokens computed in one step
+    max_queue: int = 256  # requests waiting to be admitted
+
+    def __post_init__(self):
+        if min(self.max_num_seqs, self.max_num_batched_tokens, self.max_queue) < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens and max_queue must be positive")
+
+
+@dataclass
+class ScheduledBatch:
+    work: list[tuple[Sequence, int]] = field(default_factory=list)  # sequence, number of new tokens
+    num_preemptions: int = 0
+    failed: list[SequenceGroup] = field(default_factory=list)  # requests the cache can never hold
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.work)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, cache):
+        self.config = config
+        self.cache = cache  # KVBlockManager | StateSlotManager
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.num_preemptions = 0
+
+    # ---- queue -----------------------------------------------------------------
+
+    def add(self, group: SequenceGroup) -> None:
+        if len(self.waiting) >= self.config.max_queue:
+            raise QueueFullError(f"the queue is full ({self.config.max_queue} requests waiting)")
+        group.status = Status.WAITING
+        self.waiting.append(group)
+
+    def remove(self, group: SequenceGroup) -> None:
+        """Take a request out (finished or aborted) and free everything it holds."""
+        if group in self.running:
+            self.running.remove(group)
+        elif group in self.waiting:
+            self.waiting.remove(group)
+        for seq in group.seqs:
+            self.cache.free(seq.seq_id)
+        group.status = Status.FINISHED
+
+    @staticmethod
+    def seats(group: SequenceGroup) -> int:
+        """Sequences a request will run at once: its n samples or W beams, reserved from admission on."""
+        return len(group.seqs) if group.is_forked else group.num_outputs
+
+    @property
+    def num_running_seqs(self) -> int:
+        return sum(self.seats(g) for g in self.running)
+
+    @property
+    def num_reserved(self) -> int:
+        """Seats taken by running requests whose samples or beams are not yet forked."""
+        return sum(self.seats(g) - len(g.seqs) for g in self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step --------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            group = self.running[i]
+            plan = self._plan(group, budget)
+            if not plan:
+                i += 1
+                continue
+            while not self._allocate(plan):
+                victim = self.running[-1]
+                self._preempt(victim)
+                batch.num_preemptions += 1
+                if victim is group:
+                    if not self.running:  # alone and still does not fit: it never will
+                        self.waiting.remove(group)
+                        batch.failed.append(group)
+                    break
+            else:
+                batch.work += plan
+                budget -= sum(n for _, n in plan)
+                i += 1
+        # Admit waiting requests, oldest first (preempted ones were put back at the front).
+        while self.waiting and budget > 0:
+            group = self.waiting[0]
+            seats = self.seats(group)
+            if self.num_running_seqs + seats > self.config.max_num_seqs:
+                break
+            if not self.cache.can_admit(seats + self.num_reserved):
+                break
+            for seq in group.seqs:
+                seq.num_computed = self.cache.admit(seq.seq_id, seq.token_ids, self._max_cached(group, seq))
+            plan = self._plan(group, budget)
+            if not plan or not self._allocate(plan):
+                for seq in group.seqs:
+                    self.cache.free(seq.seq_id)
+                    seq.num_computed = 0
+                if not self.running:  # an empty cache cannot hold it: it never will
+                    self.waiting.popleft()
+                    batch.failed.append(group)
+                    continue
+                break
+            self.waiting.popleft()
+            group.status = Status.RUNNING
+            self.running.append(group)
+            batch.work += plan
+            budget -= sum(n for _, n in plan)
+        self.num_preemptions += batch.num_preemptions
+        return batch
+
+    def _max_cached(self, group: SequenceGroup, seq: Sequence) -> int:
+        """At least the last token is recomputed (its logits are needed); scoring prompts compute everything."""
+        if group.params.prompt_logprobs is not None and not group.is_forked:
+            return 0
+        return seq.num_tokens - 1
+
+    def _plan(self, group: SequenceGroup, budget: int) -> list[tuple[Sequence, int]]:
+        """New tokens for each of the group's sequences, sharing the budget evenly so beams stay in step."""
+        seqs = [s for s in group.seqs if s.num_uncomputed > 0]
+        if not seqs:
+            return []
+        share = budget // len(seqs)
+        if share == 0:
+            return []
+        plan = []
+        for seq in seqs:
+            n = min(seq.num_uncomputed, share)
+            limit = self.cache.chunk_limit(seq.num_computed, seq.num_prompt_tokens)
+            plan.append((seq, n if limit is None else min(n, limit)))
+        return plan
+
+    def _allocate(self, plan: list[tuple[Sequence, int]]) -> bool:
+        return all(self.cache.allocate(seq.seq_id, seq.num_computed, n) for seq, n in plan)
+
+    def _preempt(self, group: SequenceGroup) -> None:
+        """Free the group's cache; it is recomputed from its tokens when readmitted."""
+        self.running.remove(group)
+        for seq in group.seqs:
+            self.cache.free(seq.seq_id)
+            seq.num_computed = 0
+            seq.logits = None
+        group.status = Status.WAITING
+        self.waiting.appendleft(group)
+
+    def commit(self, batch: ScheduledBatch) -> None:
+        """The step ran: its tokens are now in the cache."""
+        for seq, n in batch.work:
+            seq.num_computed += n
+            self.cache.commit(seq.seq_id, seq.token_ids, seq.num_computed, seq.num_prompt_tokens)

@@ -1,0 +1,105 @@
+"""Fixed-size state bookkeeping (LSTM h,c; gated-CNN windows): one slot per live sequence.
+
+The tensors live in the model's `SlotState`; this class decides which slot is whose
+and asks the state to reset or copy slots. Prefix caching for recurrent and
+convolutional models: the state after every `interval` prompt tokens is snapshotted
+into a spare slot, keyed by all the tokens before it; a later prompt with the same
+prefix starts from the snapshot instead of from zero. Snapshots are evicted oldest
+first when their slots are needed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from models.state import SlotState
+
+from .prefix import BlockKey, block_keys
+
+
+class StateSlotManager:
+    def __init__(self, state: SlotState, num_seq_slots: int, interval: int, enable_prefix_caching: bool = True):
+        if state.num_slots < num_seq_slots:
+            raise ValueError("the state holds fewer slots than sequences asked for")
+        self.state = state
+        self.interval = interval
+        self.enable_prefix_caching = enable_prefix_caching
+        self.num_seq_slots = num_seq_slots
+        self.free_slots = list(range(num_seq_slots - 1, -1, -1))
+        self.free_snapshot_slots = list(range(state.num_slots - 1, num_seq_slots - 1, -1))
+        self.snapshots: OrderedDict[BlockKey, int] = OrderedDict()  # least recently used first
+        self.slots: dict[int, int] = {}
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self.free_slots)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self.free_slots) / self.num_seq_slots
+
+    def slot(self, seq_id: int) -> int:
+        return self.slots[seq_id]
+
+    def can_admit(self, num_seqs: int = 1) -> bool:
+        return len(self.free_slots) >= num_seqs
+
+    def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int) -> int:
+        """Give a sequence a slot, started from the longest snapshotted prefix. Returns tokens already computed."""
+        slot = self.free_slots.pop()
+        self.slots[seq_id] = slot
+        found, snapshot = 0, None
+        if self.enable_prefix_caching:
+            self.prefix_queries += len(token_ids)
+            for i, key in enumerate(block_keys(token_ids, self.interval, max_cached_tokens // self.interval)):
+                if key in self.snapshots:
+                    found, snapshot = (i + 1) * self.interval, self.snapshots[key]
+                    self.snapshots.move_to_end(key)
+            self.prefix_hits += found
+        if snapshot is None:
+            self.state.reset([slot])
+        else:
+            self.state.copy([snapshot], [slot])
+        return found
+
+    def can_fork(self, num_children: int) -> bool:
+        return len(self.free_slots) >= num_children
+
+    def chunk_limit(self, num_computed: int, num_prompt_tokens: int) -> int | None:
+        """Prefill chunks stop at snapshot points, so each boundary's state exists to be saved."""
+        if not self.enable_prefix_caching or num_computed >= num_prompt_tokens - 1:
+            return None
+        next_point = (num_computed // self.interval + 1) * self.interval
+        return next_point - num_computed if next_point < num_prompt_tokens else None
+
+    def allocate(self, seq_id: int, num_computed: int, num_new_tokens: int) -> bool:
+        return seq_id in self.slots  # the state is fixed-size: nothing grows
+
+    def commit(self, seq_id: int, token_ids: list[int], num_computed: int, num_prompt_tokens: int) -> None:
+        """After a step: snapshot the state if it now sits exactly on a prompt boundary."""
+        if not self.enable_prefix_caching or num_computed % self.interval or num_computed >= num_prompt_tokens:
+            return
+        key = block_keys(token_ids[:num_computed], self.interval)[-1]
+        if key in self.snapshots:
+            self.snapshots.move_to_end(key)
+            return
+        if self.free_snapshot_slots:
+            target = self.free_snapshot_slots.pop()
+        elif self.snapshots:
+            _, target = self.snapshots.popitem(last=False)
+        else:
+            return
+        self.state.copy([self.slots[seq_id]], [target])
+        self.snapshots[key] = target
+
+    def fork(self, parent_id: int, child_id: int) -> None:
+        slot = self.free_slots.pop()
+        self.state.copy([self.slots[parent_id]], [slot])
+        self.slots[child_id] = slot
+
+    def free(self, seq_id: int) -> None:
+        slot = self.slots.pop(seq_id, None)
+        if slot is not None:
+            self.free_slots.append(slot)

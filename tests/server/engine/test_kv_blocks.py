@@ -1,0 +1,101 @@
+"""Paged K,V bookkeeping: allocation, prefix caching, forks, copy-on-write, no leaks."""
+
+from __future__ import annotations
+
+from server.engine.kv_blocks import KVBlockManager
+
+
+class Copies:
+    def __init__(self):
+        self.done: list[tuple[int, int]] = []
+
+    def __call__(self, src, dst):
+        self.done += list(zip(src, dst))
+
+
+def manager(num_blocks=8, block_size=4, caching=True):
+    copies = Copies()
+    return KVBlockManager(num_blocks, block_size, copies, caching), copies
+
+
+def test_memory_in_use_is_proportional_to_tokens_held():
+    m, _ = manager()
+    m.admit(1, list(range(10)), 9)
+    assert m.allocate(1, 0, 10)
+    assert len(m.block_table(1)) == 3 and m.num_free_blocks == 5
+    assert m.allocate(1, 10, 1) and len(m.block_table(1)) == 3  # token 11 fits in block 3
+    assert m.allocate(1, 11, 2) and len(m.block_table(1)) == 4
+    m.free(1)
+    assert m.num_free_blocks == 8 and m.usage == 0
+
+
+def test_allocation_that_does_not_fit_changes_nothing():
+    m, _ = manager(num_blocks=2)
+    m.admit(1, list(range(12)), 11)
+    assert not m.allocate(1, 0, 12)
+    assert m.block_table(1) == [] and m.num_free_blocks == 2
+
+
+def test_shared_prompt_prefix_reuses_full_blocks():
+    m, _ = manager()
+    prompt = list(range(10))
+    m.admit(1, prompt, 9)
+    m.allocate(1, 0, 10)
+    m.commit(1, prompt, 10, 10)
+    other = prompt[:8] + [99, 98, 97]
+    cached = m.admit(2, other, len(other) - 1)
+    assert cached == 8
+    assert m.block_table(2) == m.block_table(1)[:2]
+    assert m.prefix_hits == 8 and m.prefix_queries == 10 + 11
+
+
+def test_identical_prompt_recomputes_at_least_its_last_token():
+    m, _ = manager()
+    prompt = list(range(8))
+    m.admit(1, prompt, 7)
+    m.allocate(1, 0, 8)
+    m.commit(1, prompt, 8, 8)
+    assert m.admit(2, prompt, 7) == 4  # block 2 would cover the last token: not taken
+
+
+def test_freed_blocks_stay_reusable_until_evicted():
+    m, _ = manager(num_blocks=4)
+    prompt = list(range(8))
+    m.admit(1, prompt, 7)
+    m.allocate(1, 0, 8)
+    m.commit(1, prompt, 8, 8)
+    m.free(1)
+    assert m.admit(2, prompt + [1], 8) == 8  # still cached after its owner left
+    m.free(2)
+    m.admit(3, [50 + i for i in range(16)], 15)  # needs every block: evicts the cached ones
+    assert m.allocate(3, 0, 16)
+    m.free(3)
+    assert m.admit(4, prompt + [1], 8) == 0
+
+
+def test_fork_shares_blocks_and_copies_on_write():
+    m, copies = manager()
+    prompt = list(range(6))  # one full block and a half-filled one
+    m.admit(1, prompt, 5)
+    m.allocate(1, 0, 6)
+    m.fork(1, 2)
+    assert m.block_table(2) == m.block_table(1)
+    assert m.num_free_blocks == 6  # forking costs no memory
+    assert m.allocate(2, 6, 1)  # child writes position 6: gets its own copy of the half block
+    assert m.block_table(2)[0] == m.block_table(1)[0]
+    assert m.block_table(2)[1] != m.block_table(1)[1]
+    assert copies.done == [(m.block_table(1)[1], m.block_table(2)[1])]
+    assert m.allocate(1, 6, 1)  # the parent now owns its block alone: no copy
+    assert len(copies.done) == 1
+    m.free(1)
+    m.free(2)
+    assert m.num_free_blocks == 8
+
+
+def test_no_prefix_caching_means_no_hits():
+    m, _ = manager(caching=False)
+    prompt = list(range(8))
+    m.admit(1, prompt, 7)
+    m.allocate(1, 0, 8)
+    m.commit(1, prompt, 8, 8)
+    assert m.admit(2, prompt, 7) == 0 and m.prefix_queries == 0
