@@ -1,0 +1,149 @@
+"""One engine loop per hosted model, on a thread of its own, with an asyncio face.
+
+The step thread owns the `EngineCore`; the event loop only drops requests and aborts
+into an inbox and reads outputs from per-request queues, so HTTP handling never waits
+on a forward pass (torch releases the GIL while it computes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+
+from models.checkpoint import LoadedModel
+
+from .core import EngineConfig, EngineCore
+from .outputs import CompletionOutput, RequestOutput
+from .scheduler import QueueFullError
+
+log = logging.getLogger("quill.engine")
+
+
+class EngineDeadError(RuntimeError):
+    """The step thread has stopped; the model serves nothing until restarted."""
+
+
+class AsyncEngine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, name: str | None = None):
+        self.name = name or loaded.name
+        self.core = EngineCore(loaded, config)
+        self.config = self.core.config
+        self._inbox: deque[tuple] = deque()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count()
+        self.dead_reason: str | None = None
+        self.on_step = None  # optional callback(core) after every step, for metrics
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"engine-{self.name}", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.dead_reason is None
+
+    @property
+    def num_pending(self) -> int:
+        """Requests waiting for admission, including those still in the inbox."""
+        return len(self.core.scheduler.waiting) + sum(1 for item in list(self._inbox) if item[0] == "add")
+
+    # ---- requests ------------------------------------------------------------------
+
+    async def generate(self, prompt_token_ids: list[int], params, request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Submit a request and yield its outputs as they come. Leaving early aborts it."""
+        if not self.is_alive:
+            raise EngineDeadError(self.dead_reason or f"engine {self.name} is not running")
+        if self.num_pending >= self.config.scheduler.max_queue:
+            raise QueueFullError(f"the queue is full ({self.config.scheduler.max_queue} requests waiting)")
+        request_id = request_id or f"{self.name}-{next(self._ids)}"
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = (asyncio.get_running_loop(), queue)
+        self._inbox.append(("add", request_id, list(prompt_token_ids), params))
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.append(("abort", request_id))
+        self._wake.set()
+
+    # ---- the step thread -----------------------------------------------------------
+
+    def _deliver(self, request_id: str, item) -> None:
+        target = self._queues.get(request_id)
+        if target is not None:
+            loop, queue = target
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            item = self._inbox.popleft()
+            if item[0] == "abort":
+                self.core.abort(item[1])
+                continue
+            _, request_id, prompt, params = item
+            if request_id not in self._queues:  # its client left before it was queued
+                continue
+            try:
+                self.core.add_request(request_id, prompt, params)
+            except (QueueFullError, ValueError) as e:
+                self._deliver(request_id, e)
+
+    def _fail_running(self, message: str) -> None:
+        """A step raised: fail the requests it was running, free their cache, keep serving the rest."""
+        for group in list(self.core.scheduler.running):
+            self.core.abort(group.request_id)
+            outs = [CompletionOutput(i, "", [], None, "error") for i in range(group.params.n)]
+            self._deliver(
+                group.request_id,
+                RequestOutput(group.request_id, outs, True, len(group.prompt_token_ids), error=message),
+            )
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain_inbox()
+                if not self.core.has_work():
+                    self._wake.wait(timeout=0.5)
+                    self._wake.clear()
+                    continue
+                try:
+                    outputs = self.core.step()
+                except Exception as e:  # a fault in the model must not take the server down
+                    log.exception("engine step failed")
+                    self._fail_running(f"internal error while generating: {type(e).__name__}: {e}")
+                    continue
+                for out in outputs:
+                    self._deliver(out.request_id, out)
+                if self.on_step is not None:
+                    self.on_step(self.core)
+        except BaseException as e:  # the loop itself broke: report it, fail everyone waiting
+            self.dead_reason = f"engine loop stopped: {type(e).__name__}: {e}"
+            log.exception("engine loop stopped")
+            for request_id in list(self._queues):
+                self._deliver(request_id, EngineDeadError(self.dead_reason))

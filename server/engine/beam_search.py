@@ -1,0 +1,97 @@
+"""Beam search over one request's live beams, step by step, as Hugging Face `generate` does it.
+
+Kept to the same rules as `transformers` (so its outputs are a reference we can test
+against): each step takes the top (1 + number of EOS ids, at least 2) x W
+continuations of all beams by summed log-probability; the best W that do not end
+become the next beams; those among the top W that end (EOS, or max_tokens reached)
+become finished hypotheses scored sum_logprob / generated_length ** length_penalty,
+and the W best hypotheses are kept. `early_stopping` picks when to stop looking
+(True: once W hypotheses exist; False: when the best running beam, scored at the
+current length, cannot beat the worst kept one; "never": scored at max length when
+length_penalty > 0).
+
+Pure bookkeeping on a (num_beams, V) tensor of log-probs: the engine maps the chosen
+(parent, token) pairs onto sequences, forking and freeing their cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+NEG = -1.0e9  # "impossible", the same constant transformers uses
+
+
+@dataclass
+class Hypothesis:
+    token_ids: list[int]  # generated tokens, the final EOS included
+    score: float  # length-penalised
+    sum_logprob: float
+
+
+@dataclass
+class BeamStep:
+    running: list[tuple[int, int, float]]  # next beams: (parent beam index, token id, summed log-prob)
+    done: bool
+
+
+@dataclass
+class BeamSearch:
+    width: int
+    max_tokens: int
+    eos_token_ids: list[int]
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    min_tokens: int = 0
+    scores: list[float] = field(default_factory=lambda: [0.0])  # summed log-prob of each live beam
+    finished: list[Hypothesis] = field(default_factory=list)  # best first, at most `width`
+    can_improve: bool = True
+
+    def step(self, logprobs: torch.Tensor, outputs: list[list[int]]) -> BeamStep:
+        """logprobs (num_beams, V) of the next token of each live beam; outputs: each beam's tokens so far."""
+        num_beams, vocab = logprobs.shape
+        generated = len(outputs[0]) + 1  # tokens each candidate would have
+        logprobs = logprobs.float().clone()
+        if generated <= self.min_tokens and self.eos_token_ids:
+            logprobs[:, self.eos_token_ids] = float("-inf")
+        total = logprobs + torch.tensor(self.scores, dtype=torch.float32)[:, None]
+        keep = max(2, 1 + len(self.eos_token_ids)) * self.width
+        top_scores, top_index = torch.topk(total.flatten(), k=min(keep, total.numel()))
+        parents = (top_index // vocab).tolist()
+        tokens = (top_index % vocab).tolist()
+        top_scores = top_scores.tolist()
+        at_limit = generated >= self.max_tokens
+        ends = [at_limit or t in self.eos_token_ids for t in tokens]
+
+        # The W best continuations that go on.
+        ranked = sorted(range(len(tokens)), key=lambda i: -(top_scores[i] + (NEG if ends[i] else 0.0)))
+        running = [(parents[i], tokens[i], top_scores[i] + (NEG if ends[i] else 0.0)) for i in ranked[: self.width]]
+
+        # Those of the top W that end become hypotheses, unless the search has already settled.
+        full = len(self.finished) >= self.width
+        settled = (full and self.early_stopping is True) or not self.can_improve
+        if not settled:
+            for i in range(min(self.width, len(tokens))):
+                if ends[i]:
+                    score = top_scores[i] / (generated**self.length_penalty)
+                    self.finished.append(Hypothesis(outputs[parents[i]] + [tokens[i]], score, top_scores[i]))
+            self.finished.sort(key=lambda h: -h.score)
+            del self.finished[self.width :]
+
+        self.scores = [score for _, _, score in running]
+        self._update_can_improve(generated)
+        full = len(self.finished) >= self.width
+        done = not self.can_improve or (full and self.early_stopping is True) or all(ends)
+        return BeamStep(running=[] if done else running, done=done)
+
+    def _update_can_improve(self, generated: int) -> None:
+        if self.early_stopping == "never" and self.length_penalty > 0.0:
+            best_length = self.max_tokens
+        else:
+            best_length = generated
+        best_running = self.scores[0] / (best_length**self.length_penalty)
+        if len(self.finished) < self.width:
+            return  # an empty hypothesis slot can always be filled
+        worst = self.finished[-1].score
+        self.can_improve = self.can_improve and best_running > worst

@@ -1,0 +1,35 @@
+"""What the engine hands back per request and step: deltas for streaming, totals at the end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # best alternatives, most likely first
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str  # new text since the previous output of this request
+    token_ids: list[int]  # new tokens since the previous output
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when asked for
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    cumulative_logprob: float = 0.0
+    score: float | None = None  # beam search: the length-penalised score
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_prompt_tokens: int
+    num_generated_tokens: int = 0  # over all outputs so far
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # with the first output, when asked for
+    error: str | None = None
+    queue_time: float | None = None  # seconds from arrival to first scheduled (first output only)

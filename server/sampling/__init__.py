@@ -1,0 +1,20 @@
+"""Batched sampling: per-request settings, logits processors, the token pick, and stop rules."""
+
+from .batch import SamplingBatch, new_generator
+from .params import SamplingParamError, SamplingParams
+from .sampler import PromptLogprobs, SamplerOutput, process_logits, prompt_logprobs, sample
+from .stop import StopChecker, StopDecision
+
+__all__ = [
+    "PromptLogprobs",
+    "SamplerOutput",
+    "SamplingBatch",
+    "SamplingParamError",
+    "SamplingParams",
+    "StopChecker",
+    "StopDecision",
+    "new_generator",
+    "process_logits",
+    "prompt_logprobs",
+    "sample",
+]

@@ -1,0 +1,177 @@
+"""Per-request sampling settings, with vLLM's names and meanings, checked on construction."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+# Below this a temperature is greedy (vLLM's _SAMPLING_EPS): logits / t would overflow float32 long before 0.
+GREEDY_TEMPERATURE = 1e-5
+MAX_LOGPROBS = 20  # OpenAI's cap on alternatives per token
+MAX_ABS_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values
+MAX_ABS_PENALTY = 2.0  # OpenAI's range for presence/frequency penalties
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+
+
+class SamplingParamError(ValueError):
+    """A setting out of range. `param` names it, so the HTTP layer can answer 400 with `param` set."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(f"{param} {message}")
+        self.param = param
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value, low: int | None = None, high: int | None = None) -> None:
+    """An integer (not a bool) in [low, high]; `high` is only given together with `low`."""
+    if not _is_int(value):
+        raise SamplingParamError(name, f"must be an integer, got {value!r}")
+    if high is not None and not low <= value <= high:
+        raise SamplingParamError(name, f"must be in [{low}, {high}], got {value!r}")
+    if low is not None and value < low:
+        raise SamplingParamError(name, f"must be >= {low}, got {value!r}")
+
+
+def _check_real(name: str, value, requirement: str, is_ok) -> None:
+    """Finite number for which `is_ok(value)` holds; `requirement` says what that means in words."""
+    if not _is_real(value) or not math.isfinite(value):
+        raise SamplingParamError(name, f"must be a finite number, got {value!r}")
+    if not is_ok(value):
+        raise SamplingParamError(name, f"must be {requirement}, got {value!r}")
+
+
+def _check_optional_count(name: str, value) -> None:
+    if value is not None:
+        _check_int(name, value, 0, MAX_LOGPROBS)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How one request picks and stops its tokens. Defaults sample from the raw model distribution."""
+
+    n: int = 1  # completions per prompt; with temperature 0 (and no beam search) all n are identical
+    max_tokens: int = 16
+    min_tokens: int = 0  # EOS and stop_token_ids are banned until this many tokens were generated
+    temperature: float = 1.0  # 0 (below GREEDY_TEMPERATURE): greedy
+    top_k: int = -1  # -1 or 0: off
+    top_p: float = 1.0  # 1: off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # HF rule over prompt + output tokens; 1: off
+    presence_penalty: float = 0.0  # OpenAI rule over output tokens; 0: off
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None  # token id -> value added to its logit
+    seed: int | None = None  # per-request generator: same seed, same tokens, whatever else is batched
+    stop: list[str] = field(default_factory=list)  # a single string is accepted and wrapped
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # alternatives per generated token (0: only the chosen one's)
+    prompt_logprobs: int | None = None  # alternatives per prompt token (0: only the prompt token's)
+    use_beam_search: bool = False
+    beam_width: int = 1
+    length_penalty: float = 1.0  # beam score = sum logprob / length ** length_penalty
+    early_stopping: bool | Literal["never"] = False  # beam search: HF's meaning
+
+    def __post_init__(self):
+        _check_int("n", self.n, low=1)
+        _check_int("max_tokens", self.max_tokens, low=1)
+        _check_int("min_tokens", self.min_tokens, low=0)
+        if self.min_tokens > self.max_tokens:
+            raise SamplingParamError(
+                "min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens!r}"
+            )
+        _check_real("temperature", self.temperature, ">= 0", lambda t: t >= 0)
+        _check_int("top_k", self.top_k)
+        if self.top_k < -1:
+            raise SamplingParamError("top_k", f"must be -1 or 0 (off) or >= 1, got {self.top_k!r}")
+        _check_real("top_p", self.top_p, "in (0, 1]", lambda p: 0 < p <= 1)
+        _check_real("min_p", self.min_p, "in [0, 1]", lambda p: 0 <= p <= 1)
+        _check_real("repetition_penalty", self.repetition_penalty, "> 0", lambda p: p > 0)
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check_real(name, getattr(self, name), "in [-2, 2]", lambda p: abs(p) <= MAX_ABS_PENALTY)
+        self._check_logit_bias()
+        if self.seed is not None:
+            _check_int("seed", self.seed, SEED_MIN, SEED_MAX)
+        self._check_stop()
+        if not isinstance(self.ignore_eos, bool):
+            raise SamplingParamError("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
+        _check_optional_count("logprobs", self.logprobs)
+        _check_optional_count("prompt_logprobs", self.prompt_logprobs)
+        self._check_beam_search()
+
+    def _check_logit_bias(self) -> None:
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, dict):
+            raise SamplingParamError("logit_bias", f"must map token ids to numbers, got {self.logit_bias!r}")
+        for token_id, bias in self.logit_bias.items():
+            if not _is_int(token_id) or token_id < 0:
+                raise SamplingParamError("logit_bias", f"keys must be token ids (integers >= 0), got {token_id!r}")
+            _check_real("logit_bias", bias, "in [-100, 100]", lambda b: abs(b) <= MAX_ABS_LOGIT_BIAS)
+
+    def _check_stop(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise SamplingParamError("stop", f"must be a list of non-empty strings, got {self.stop!r}")
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if not isinstance(self.stop_token_ids, list) or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise SamplingParamError(
+                "stop_token_ids", f"must be a list of token ids (integers >= 0), got {self.stop_token_ids!r}"
+            )
+
+    def _check_beam_search(self) -> None:
+        if not isinstance(self.use_beam_search, bool):
+            raise SamplingParamError("use_beam_search", f"must be a boolean, got {self.use_beam_search!r}")
+        _check_int("beam_width", self.beam_width, low=1)
+        _check_real("length_penalty", self.length_penalty, "a finite number", lambda _: True)
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
+            raise SamplingParamError("early_stopping", f'must be true, false or "never", got {self.early_stopping!r}')
+        if self.use_beam_search:
+            if self.beam_width < self.n:
+                raise SamplingParamError(
+                    "beam_width", f"must be >= n ({self.n}) with beam search, got {self.beam_width!r}"
+                )
+            return
+        # As vLLM did: a beam-only setting without beam search is a mistake worth reporting, not ignoring.
+        if self.beam_width != 1:
+            raise SamplingParamError("beam_width", f"needs use_beam_search, got {self.beam_width!r}")
+        if self.length_penalty != 1.0:
+            raise SamplingParamError("length_penalty", f"needs use_beam_search, got {self.length_penalty!r}")
+        if self.early_stopping is not False:
+            raise SamplingParamError("early_stopping", f"needs use_beam_search, got {self.early_stopping!r}")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids named by the request must exist; call at admission, when the model is known."""
+        for name, ids in (("logit_bias", self.logit_bias or {}), ("stop_token_ids", self.stop_token_ids)):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise SamplingParamError(name, f"token ids must be < vocab size ({vocab_size}), got {bad[0]!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def uses_top_k(self) -> bool:
+        return self.top_k > 0
+
+    def all_stop_token_ids(self, eos_token_ids: Iterable[int]) -> frozenset[int]:
+        """Token ids that end this request: stop_token_ids, plus EOS unless ignore_eos."""
+        eos = () if self.ignore_eos else eos_token_ids
+        return frozenset(self.stop_token_ids).union(eos)
