@@ -64,8 +64,9 @@ class AsyncEngine:
 
     # ---- requests ------------------------------------------------------------------
 
-    async def generate(self, prompt_token_ids: list[int], params, request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Submit a request and yield its outputs as they come. Leaving early aborts it."""
+    def submit(self, prompt_token_ids: list[int], params, request_id: str | None = None) -> "RequestStream":
+        """Queue a request now (raising at once if the queue is full or the engine is dead); read its outputs
+        by iterating the returned stream. Closing the stream before the end aborts the request."""
         if not self.is_alive:
             raise EngineDeadError(self.dead_reason or f"engine {self.name} is not running")
         if self.num_pending >= self.config.scheduler.max_queue:
@@ -75,20 +76,19 @@ class AsyncEngine:
         self._queues[request_id] = (asyncio.get_running_loop(), queue)
         self._inbox.append(("add", request_id, list(prompt_token_ids), params))
         self._wake.set()
-        finished = False
+        return RequestStream(self, request_id, queue)
+
+    async def generate(self, prompt_token_ids: list[int], params, request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Submit and yield outputs as they come; leaving early aborts the request."""
+        stream = self.submit(prompt_token_ids, params, request_id)
         try:
-            while not finished:
-                out = await queue.get()
-                if isinstance(out, BaseException):
-                    raise out
-                finished = out.finished
+            async for out in stream:
                 yield out
         finally:
-            self._queues.pop(request_id, None)
-            if not finished:
-                self.abort(request_id)
+            stream.close()
 
     def abort(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
         self._inbox.append(("abort", request_id))
         self._wake.set()
 
@@ -129,6 +129,8 @@ class AsyncEngine:
             while not self._stop.is_set():
                 self._drain_inbox()
                 if not self.core.has_work():
+                    if self.on_step is not None:  # aborts may have emptied it: report the idle state
+                        self.on_step(self.core)
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
                     continue
@@ -147,3 +149,35 @@ class AsyncEngine:
             log.exception("engine loop stopped")
             for request_id in list(self._queues):
                 self._deliver(request_id, EngineDeadError(self.dead_reason))
+
+
+class RequestStream:
+    """The outputs of one submitted request, in order; the last one has `finished` set."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, queue: asyncio.Queue):
+        self.engine = engine
+        self.request_id = request_id
+        self._queue = queue
+        self.finished = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        out = await self._queue.get()
+        if isinstance(out, BaseException):
+            self.finished = True
+            self.engine._queues.pop(self.request_id, None)
+            raise out
+        if out.finished:
+            self.finished = True
+            self.engine._queues.pop(self.request_id, None)
+        return out
+
+    def close(self) -> None:
+        """Abort the request if it has not finished (the client went away)."""
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request_id)

@@ -110,7 +110,9 @@ class SamplingBatch:
         )
 
 
-def _flat_logit_bias(params, vocab_size, device):
+def _flat_logit_bias(
+    params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     # Ids past the vocabulary are skipped here; SamplingParams.check_vocab rejects them at admission.
     entries = [
         (row, token_id, value)
@@ -128,7 +130,13 @@ def _flat_logit_bias(params, vocab_size, device):
     )
 
 
-def _flat_banned_tokens(params, output_ids, eos_token_ids, vocab_size, device):
+def _flat_banned_tokens(
+    params: Sequence[SamplingParams],
+    output_ids: Sequence[list[int]],
+    eos_token_ids: Sequence[int],
+    vocab_size: int,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     # A row may not end (EOS or a stop id) until it has min_tokens generated tokens.
     entries = [
         (row, token_id)
