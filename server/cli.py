@@ -8,6 +8,8 @@ import sys
 from models.checkpoint import CheckpointError, load_checkpoint
 from models.generate import generate
 
+from .config import add_serve_arguments, config_from_args
+
 
 def _generate(args: argparse.Namespace) -> int:
     loaded = load_checkpoint(args.model, device=args.device, dtype=args.dtype)
@@ -36,9 +38,22 @@ def _add_generate_parser(subparsers) -> None:
     p.set_defaults(run=_generate)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serve import serve  # the HTTP stack loads only for this command
+
+    return serve(config_from_args(args))
+
+
+def _add_serve_parser(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="serve models over HTTP (OpenAI and TGI dialects)")
+    add_serve_arguments(p)
+    p.set_defaults(run=_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quill", description="Quill: serve LSTM, gated-CNN and Transformer LMs")
     subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_serve_parser(subparsers)
     _add_generate_parser(subparsers)
     return parser
 

@@ -58,6 +58,11 @@ class AsyncEngine:
         return self._thread is not None and self._thread.is_alive() and self.dead_reason is None
 
     @property
+    def num_active(self) -> int:
+        """Requests submitted whose streams are still open."""
+        return len(self._queues)
+
+    @property
     def num_pending(self) -> int:
         """Requests waiting for admission, including those still in the inbox."""
         return len(self.core.scheduler.waiting) + sum(1 for item in list(self._inbox) if item[0] == "add")

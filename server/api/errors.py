@@ -1,0 +1,89 @@
+"""One error type for the whole API, rendered in the dialect of the route that raised it.
+
+OpenAI routes (/v1/...) answer {"error": {"message", "type", "param", "code"}};
+TGI routes answer {"error", "error_type"}.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    503: "service_unavailable",
+}
+TGI_ERROR_TYPES = {400: "validation", 401: "authentication", 404: "not_found", 413: "validation",
+                   415: "validation", 429: "overloaded", 500: "generation", 503: "unavailable"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
+        self.reason = reason or ERROR_TYPES.get(status, "error")  # the label of quill_request_errors_total
+
+
+def is_openai_path(path: str) -> bool:
+    return path.startswith("/v1/")
+
+
+def error_body(path: str, status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    if is_openai_path(path):
+        return {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"), "param": param, "code": code}}
+    return {"error": message, "error_type": TGI_ERROR_TYPES.get(status, "error")}
+
+
+def error_response(request: Request, error: APIError) -> JSONResponse:
+    return JSONResponse(
+        error_body(request.url.path, error.status, error.message, error.param, error.code),
+        status_code=error.status, headers=error.headers,
+    )
+
+
+def _loc_to_param(loc) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    return ".".join(parts) or None
+
+
+def install_error_handlers(app, on_error=None) -> None:
+    """`on_error(request, APIError)`, if given, sees every error answered (for metrics)."""
+
+    def answer(request: Request, error: APIError) -> JSONResponse:
+        if on_error is not None:
+            on_error(request, error)
+        return error_response(request, error)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return answer(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        param = _loc_to_param(first.get("loc", ()))
+        if first.get("type") == "json_invalid":
+            param = None
+            message = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}"
+        else:
+            message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        return answer(request, APIError(400, message, param=param, reason="invalid_request"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return answer(request, APIError(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        return answer(request, APIError(500, f"internal error: {type(exc).__name__}", reason="internal"))

@@ -1,0 +1,237 @@
+"""OpenAI-compatible routes: /v1/completions (plain and streamed) and /v1/models."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from server.engine.outputs import CompletionOutput, TokenLogprob
+
+from .errors import APIError
+from .generation import RequestTracker, build_params, check_context, encode_prompt, submit, until_disconnected
+from .openai_schemas import CompletionRequest
+from .sse import SSE_HEADERS, sse_event
+
+router = APIRouter()
+
+
+def _prompts(request: CompletionRequest) -> list:
+    p = request.prompt
+    if isinstance(p, str) or (p and isinstance(p[0], int)):
+        return [p]
+    if not p:
+        raise APIError(400, "the prompt is empty", param="prompt", reason="invalid_request")
+    return list(p)
+
+
+def _validate(request: CompletionRequest, config, hosted) -> tuple:
+    """Everything checked before the first byte: sampling settings, limits, the prompts' lengths."""
+    if request.suffix:
+        raise APIError(400, "suffix is not supported", param="suffix", reason="invalid_request")
+    if request.max_tokens is None:
+        request.max_tokens = 16
+    if not 1 <= request.max_tokens <= config.max_tokens_limit:
+        raise APIError(400, f"max_tokens must be between 1 and {config.max_tokens_limit}, got {request.max_tokens}",
+                       param="max_tokens", reason="invalid_request")
+    best_of = request.best_of if request.best_of is not None else request.n
+    if request.n < 1 or best_of < request.n:
+        raise APIError(400, f"n must be >= 1 and best_of >= n, got n={request.n}, best_of={best_of}",
+                       param="n", reason="invalid_request")
+    if request.use_beam_search:
+        if best_of > config.max_beam_width:
+            raise APIError(400, f"beam width (best_of) must be at most {config.max_beam_width}, got {best_of}",
+                           param="best_of", reason="invalid_request")
+    elif best_of > config.max_n:
+        raise APIError(400, f"n and best_of must be at most {config.max_n}, got {best_of}", param="best_of",
+                       reason="invalid_request")
+    if request.stream and best_of > request.n and not request.use_beam_search:
+        raise APIError(400, "best_of > n cannot be streamed", param="best_of", reason="invalid_request")
+    if request.top_k == 0:
+        raise APIError(400, "top_k must be -1 (off) or at least 1, got 0", param="top_k", reason="invalid_request")
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    if len(stop) > config.max_stop_strings or any(len(s) > config.max_stop_string_chars for s in stop):
+        raise APIError(400, f"at most {config.max_stop_strings} stop strings of at most "
+                            f"{config.max_stop_string_chars} characters", param="stop", reason="invalid_request")
+    try:
+        logit_bias = {int(k): v for k, v in (request.logit_bias or {}).items()}
+    except ValueError:
+        raise APIError(400, "logit_bias keys must be token ids", param="logit_bias", reason="invalid_request") from None
+    params = build_params(
+        n=best_of if not request.use_beam_search else request.n,
+        max_tokens=request.max_tokens, min_tokens=request.min_tokens,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        top_k=-1 if request.top_k is None else request.top_k,
+        min_p=request.min_p or 0.0,
+        repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+        presence_penalty=request.presence_penalty or 0.0, frequency_penalty=request.frequency_penalty or 0.0,
+        logit_bias=logit_bias or None, seed=request.seed, stop=stop, stop_token_ids=request.stop_token_ids or [],
+        ignore_eos=request.ignore_eos, logprobs=request.logprobs,
+        prompt_logprobs=request.logprobs if request.echo and request.logprobs is not None else None,
+        use_beam_search=request.use_beam_search, beam_width=best_of if request.use_beam_search else 1,
+        length_penalty=request.length_penalty, early_stopping=request.early_stopping,
+    )
+    prompts = []
+    for i, prompt in enumerate(_prompts(request)):
+        ids = encode_prompt(hosted, prompt)
+        check_context(hosted, len(ids), request.max_tokens)
+        text = prompt if isinstance(prompt, str) else hosted.tokenizer.decode(ids)
+        prompts.append((ids, text))
+    return params, prompts
+
+
+def _resolve_model(http: Request, name: str | None):
+    host = http.app.state.host
+    hosted = host.get(name)
+    if hosted is None:
+        raise APIError(404, f"the model {name!r} does not exist; hosted models: {', '.join(host.models)}",
+                       param="model", code="model_not_found", reason="unknown_model")
+    return hosted
+
+
+def _logprobs_block(tokenizer, entries: list[TokenLogprob | None], ids: list[int], offset: int) -> dict:
+    """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for token_id, entry in zip(ids, entries):
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        token_logprobs.append(None if entry is None else entry.logprob)
+        tops.append(None if entry is None else {tokenizer.decode([t], skip_special_tokens=False): lp for t, lp in entry.top})
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+@router.get("/v1/models")
+async def list_models(http: Request):
+    host = http.app.state.host
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": m.created, "owned_by": "quill",
+         "max_model_len": m.max_model_len, "architecture": m.loaded.architecture}
+        for name, m in host.models.items()
+    ]}
+
+
+@router.post("/v1/completions")
+async def create_completion(request: CompletionRequest, http: Request):
+    app = http.app.state
+    if app.draining:
+        raise APIError(503, "the server is shutting down", reason="draining")
+    hosted = _resolve_model(http, request.model)
+    params, prompts = _validate(request, app.config, hosted)
+    completion_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    streams, trackers = [], []
+    try:
+        for i, (ids, text) in enumerate(prompts):
+            rid = f"{completion_id}-{i}"
+            trackers.append(RequestTracker(app.metrics, hosted.name, rid, len(ids), text if app.config.log_prompts else None))
+            streams.append(submit(hosted, ids, params, rid))
+    except APIError:
+        for s in streams:
+            s.close()
+        raise
+    if request.stream:
+        body = _stream(request, hosted, params, prompts, streams, trackers, completion_id, created)
+        return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    return await until_disconnected(
+        http, _complete(request, hosted, params, prompts, streams, trackers, completion_id, created)
+    )
+
+
+async def _complete(request, hosted, params, prompts, streams, trackers, completion_id, created):
+    tokenizer = hosted.tokenizer
+    choices, usage_prompt, usage_completion = [], 0, 0
+    try:
+        for p, ((ids, text), stream, tracker) in enumerate(zip(prompts, streams, trackers)):
+            per_index: dict[int, dict] = {}
+            prompt_entries = None
+            async for out in tracker.follow(stream):
+                if out.error:
+                    tracker.done(500)
+                    raise APIError(500, out.error, reason="engine_error")
+                if out.prompt_logprobs is not None:
+                    prompt_entries = out.prompt_logprobs
+                for c in out.outputs:
+                    acc = per_index.setdefault(c.index, {"text": "", "ids": [], "logprobs": [], "finish": None,
+                                                         "cum": 0.0})
+                    acc["text"] += c.text
+                    acc["ids"] += c.token_ids
+                    acc["logprobs"] += c.logprobs or []
+                    acc["finish"] = c.finish_reason
+                    acc["cum"] = c.score if c.score is not None else c.cumulative_logprob
+            tracker.done(200)
+            usage_prompt += len(ids)
+            outs = [per_index[i] for i in sorted(per_index)]
+            usage_completion += sum(len(o["ids"]) for o in outs)
+            if not params.use_beam_search and len(outs) > request.n:  # best_of: keep the n most likely
+                outs = sorted(outs, key=lambda o: o["cum"], reverse=True)[: request.n]
+            for i, o in enumerate(outs):
+                choice_text = (text if request.echo else "") + o["text"]
+                logprobs = None
+                if request.logprobs is not None:
+                    entries, token_ids = o["logprobs"], o["ids"][: len(o["logprobs"])]
+                    if request.echo:
+                        entries, token_ids = (prompt_entries or [None] * len(ids)) + entries, ids + token_ids
+                    logprobs = _logprobs_block(tokenizer, entries, token_ids, 0)
+                choices.append({"index": p * request.n + i, "text": choice_text, "logprobs": logprobs,
+                                "finish_reason": o["finish"]})
+    finally:
+        for s in streams:
+            s.close()
+    return {
+        "id": completion_id, "object": "text_completion", "created": created, "model": hosted.name,
+        "choices": choices,
+        "usage": {"prompt_tokens": usage_prompt, "completion_tokens": usage_completion,
+                  "total_tokens": usage_prompt + usage_completion},
+    }
+
+
+async def _stream(request, hosted, params, prompts, streams, trackers, completion_id, created):
+    tokenizer = hosted.tokenizer
+
+    def chunk(index, text, finish, logprobs=None):
+        return sse_event({"id": completion_id, "object": "text_completion", "created": created, "model": hosted.name,
+                          "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
+
+    usage_prompt = usage_completion = 0
+    try:
+        for p, ((ids, text), stream, tracker) in enumerate(zip(prompts, streams, trackers)):
+            offsets: dict[int, int] = {}
+            echoed: set[int] = set()
+            status = 200
+            async for out in tracker.follow(stream):
+                if out.error:
+                    status = 500
+                    yield sse_event({"error": {"message": out.error, "type": "internal_error", "param": None,
+                                               "code": None}})
+                    break
+                for c in out.outputs:
+                    index = p * request.n + c.index
+                    prefix = ""
+                    if request.echo and index not in echoed:
+                        echoed.add(index)
+                        prefix = text
+                    logprobs = None
+                    if request.logprobs is not None and c.token_ids:
+                        logprobs = _logprobs_block(tokenizer, c.logprobs or [], c.token_ids, offsets.get(index, 0))
+                        offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs["tokens"])
+                    if prefix or c.text or c.finish_reason or logprobs:
+                        yield chunk(index, prefix + c.text, c.finish_reason, logprobs)
+            tracker.done(status)
+            usage_prompt += len(ids)
+            usage_completion += tracker.num_generated
+            if status != 200:
+                break
+        if request.stream_options and request.stream_options.include_usage:
+            yield sse_event({"id": completion_id, "object": "text_completion", "created": created,
+                             "model": hosted.name, "choices": [],
+                             "usage": {"prompt_tokens": usage_prompt, "completion_tokens": usage_completion,
+                                       "total_tokens": usage_prompt + usage_completion}})
+        yield sse_event("[DONE]")
+    finally:
+        for s in streams:
+            s.close()

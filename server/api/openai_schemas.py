@@ -1,0 +1,45 @@
+"""OpenAI /v1/completions request, with vLLM's extensions (pydantic: the HTTP edge only)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str | None = None
+    prompt: str | list[str] | list[int] | list[list[int]]
+    suffix: str | None = None
+    max_tokens: int | None = 16
+    temperature: float | None = 1.0
+    top_p: float | None = 1.0
+    n: int = 1
+    best_of: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: int | None = None
+    echo: bool = False
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    seed: int | None = None
+    # vLLM's extensions
+    top_k: int | None = -1
+    min_p: float | None = 0.0
+    repetition_penalty: float | None = 1.0
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
+    skip_special_tokens: bool = Field(default=True, description="drop special tokens from the text")

@@ -1,0 +1,100 @@
+"""Server settings: every flag of `quill serve` also reads an environment variable QUILL_<FLAG>."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+from models.checkpoint import BUNDLED_DIR
+
+DEFAULT_MODELS = ["shakespeare-transformer", "shakespeare-lstm", "shakespeare-gcnn"]  # the first is the default
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    models: list[str] = field(default_factory=list)  # NAME=PATH or PATH; empty: the bundled defaults
+    device: str = "auto"
+    dtype: str = "auto"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_queue: int = 256
+    cache_bytes: int = 256 * 2**20  # per model, for Transformer K,V
+    block_size: int = 16
+    max_model_len: int | None = None  # None: the model's context (Transformers), 4096 (recurrent, convolutional)
+    api_keys: list[str] = field(default_factory=list)
+    max_body_bytes: int = 1 * 2**20
+    max_n: int = 16
+    max_beam_width: int = 8
+    max_stop_strings: int = 16
+    max_stop_string_chars: int = 256
+    max_tokens_limit: int = 4096  # largest max_tokens a request may ask for
+    drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
+    enable_prefix_caching: bool = True
+    log_prompts: bool = False  # request logs carry token counts only unless asked
+
+    def model_specs(self) -> list[tuple[str, str]]:
+        """(name, path) per hosted model; a bare PATH is named after its directory."""
+        specs = self.models or [f"{name}={BUNDLED_DIR / name}" for name in DEFAULT_MODELS]
+        out = []
+        for spec in specs:
+            name, sep, path = spec.partition("=")
+            if not sep:
+                path, name = spec, os.path.basename(os.path.normpath(spec))
+            out.append((name, path))
+        names = [n for n, _ in out]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        return out
+
+
+def _env(name: str, default):
+    return os.environ.get(f"QUILL_{name.upper()}", default)
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    d = ServerConfig()
+
+    def arg(flag, type_, default, help_, **kw):
+        dest = flag.lstrip("-").replace("-", "_")
+        env = _env(dest, None)
+        if env is not None and type_ is not None:
+            default = type_(env)
+        p.add_argument(flag, type=type_, default=default, help=f"{help_} (env QUILL_{dest.upper()})", **kw)
+
+    arg("--host", str, d.host, "address to listen on")
+    arg("--port", int, d.port, "port to listen on")
+    env_models = _env("model", None)
+    p.add_argument(
+        "--model", dest="models", action="append", default=env_models.split(",") if env_models else None,
+        help="NAME=PATH or PATH of a checkpoint directory; repeat for several models; the first is the default "
+             "(env QUILL_MODEL, comma-separated; default: the three bundled models)",
+    )
+    arg("--device", str, d.device, "auto | cpu | cuda")
+    arg("--dtype", str, d.dtype, "auto | float32 | bfloat16 | float16")
+    arg("--max-num-seqs", int, d.max_num_seqs, "sequences running at once per model")
+    arg("--max-num-batched-tokens", int, d.max_num_batched_tokens, "tokens computed per engine step")
+    arg("--max-queue", int, d.max_queue, "requests waiting per model before 429")
+    arg("--cache-bytes", int, d.cache_bytes, "K,V cache reserved per Transformer model, in bytes")
+    arg("--block-size", int, d.block_size, "tokens per cache block and prefix-cache granularity")
+    arg("--max-model-len", int, d.max_model_len, "longest prompt + completion, in tokens")
+    env_keys = _env("api_key", None)
+    p.add_argument(
+        "--api-key", dest="api_keys", action="append", default=env_keys.split(",") if env_keys else None,
+        help="require this bearer token (repeat for several; env QUILL_API_KEY, comma-separated)",
+    )
+    arg("--max-body-bytes", int, d.max_body_bytes, "largest request body accepted")
+    arg("--max-n", int, d.max_n, "largest n / best_of")
+    arg("--max-beam-width", int, d.max_beam_width, "largest beam width")
+    arg("--max-tokens-limit", int, d.max_tokens_limit, "largest max_tokens a request may ask for")
+    arg("--drain-seconds", float, d.drain_seconds, "on SIGTERM, time in-flight requests get to finish")
+    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help="disable prefix caching")
+    p.add_argument("--log-prompts", action="store_true", help="include prompt text in request logs")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    fields = ServerConfig.__dataclass_fields__
+    values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    return ServerConfig(**values)

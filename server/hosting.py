@@ -1,0 +1,86 @@
+"""The models a server hosts: each loaded once, with its own engine loop."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from models.checkpoint import LoadedModel, load_checkpoint
+
+from .config import ServerConfig
+from .engine.async_engine import AsyncEngine
+from .engine.core import CacheConfig, EngineConfig
+from .engine.scheduler import SchedulerConfig
+
+log = logging.getLogger("quill.server")
+
+RECURRENT_MAX_MODEL_LEN = 4096  # no attention window: bounded only so one request cannot run forever
+
+
+@dataclass
+class HostedModel:
+    name: str
+    loaded: LoadedModel
+    engine: AsyncEngine
+    max_model_len: int
+    created: int  # unix time, for /v1/models
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+
+class ModelHost:
+    def __init__(self, models: dict[str, HostedModel]):
+        self.models = models
+        self.default = next(iter(models))
+
+    @classmethod
+    def load(cls, config: ServerConfig) -> "ModelHost":
+        models = {}
+        specs = config.model_specs()
+        for i, (name, path) in enumerate(specs, 1):
+            start = time.monotonic()
+            log.info("loading model %d/%d: %s from %s", i, len(specs), name, path)
+            loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name)
+            models[name] = cls._host(name, loaded, config)
+            engine = models[name].engine
+            log.info(
+                "loaded %s: %s, %.1fM parameters, %s on %s, %.1f MiB cache reserved (%s), max_model_len %d, in %.1fs",
+                name, loaded.architecture, loaded.num_parameters / 1e6, str(loaded.dtype).removeprefix("torch."),
+                loaded.device, engine.core.cache_bytes / 2**20, loaded.model.state_kind,
+                models[name].max_model_len, time.monotonic() - start,
+            )
+        return cls(models)
+
+    @staticmethod
+    def _host(name: str, loaded: LoadedModel, config: ServerConfig) -> HostedModel:
+        engine_config = EngineConfig(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.max_queue),
+            CacheConfig(block_size=config.block_size, cache_bytes=config.cache_bytes,
+                        enable_prefix_caching=config.enable_prefix_caching),
+        )
+        limit = loaded.max_seq_len or RECURRENT_MAX_MODEL_LEN
+        max_model_len = min(limit, config.max_model_len) if config.max_model_len else limit
+        return HostedModel(name, loaded, AsyncEngine(loaded, engine_config, name=name), max_model_len, int(time.time()))
+
+    def start(self) -> None:
+        for hosted in self.models.values():
+            hosted.engine.start()
+
+    def shutdown(self) -> None:
+        for hosted in self.models.values():
+            hosted.engine.shutdown()
+
+    def get(self, name: str | None) -> HostedModel | None:
+        return self.models.get(name or self.default)
+
+    @property
+    def num_active(self) -> int:
+        """Requests submitted and not yet answered, over all models."""
+        return sum(m.engine.num_active for m in self.models.values())
+
+    @property
+    def all_alive(self) -> bool:
+        return all(m.engine.is_alive for m in self.models.values())

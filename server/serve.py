@@ -1,0 +1,94 @@
+"""`quill serve`: uvicorn on the app, models loading behind a 503 /ready, drain on SIGTERM.
+
+Startup: the port opens at once and /ready answers 503 while checkpoints load on a
+thread; the engines start when all are loaded. A checkpoint that fails to load stops
+the server with its error. SIGTERM: /ready and new generation requests answer 503,
+in-flight requests get up to `drain_seconds` to finish, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import threading
+import time
+from contextlib import asynccontextmanager
+
+import uvicorn
+
+from models.checkpoint import CheckpointError
+
+from .api.app import attach_host, create_app
+from .config import ServerConfig
+from .hosting import ModelHost
+
+log = logging.getLogger("quill.server")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app, drain_seconds: float):
+        super().__init__(config)
+        self.quill_app = app
+        self.drain_seconds = drain_seconds
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.exit_code = 0
+
+    async def startup(self, sockets=None):
+        self.loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        state = self.quill_app.state
+        if sig == signal.SIGTERM and not state.draining and self.loop is not None:
+            state.draining = True
+            log.info("SIGTERM: draining (up to %.0fs for in-flight requests)", self.drain_seconds)
+            self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._drain()))
+            return
+        super().handle_exit(sig, frame)
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.drain_seconds
+        host = self.quill_app.state.host
+        while host is not None and host.num_active > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if host is not None and host.num_active:
+            log.warning("drain period over with %d requests still running: they are cut off", host.num_active)
+        self.should_exit = True
+
+
+def serve(config: ServerConfig) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(None, config)
+    server: DrainingServer | None = None
+
+    def load() -> None:
+        try:
+            host = ModelHost.load(config)
+            host.start()
+            attach_host(app, host)
+            log.info("ready: %s (default %s) on http://%s:%d", ", ".join(host.models), host.default,
+                     config.host, config.port)
+        except (CheckpointError, ValueError, OSError) as e:
+            log.error("cannot load models: %s", e)
+            server.exit_code = 2
+            server.should_exit = True
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        threading.Thread(target=load, name="model-loader", daemon=True).start()
+        yield
+        if app.state.host is not None:
+            app.state.host.shutdown()
+
+    app.router.lifespan_context = lifespan
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
+                               timeout_graceful_shutdown=max(1, int(config.drain_seconds)))
+    server = DrainingServer(uv_config, app, config.drain_seconds)
+    server.run()
+    return server.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(serve(ServerConfig()))
