@@ -1,0 +1,412 @@
+"""text-generation-inference routes: /generate, /generate_stream, and / (TGI's compatibility route).
+
+TGI's semantics where Quill can offer them: greedy unless sampling is asked for (do_sample, or any
+of temperature/top_k/top_p), a random seed chosen and reported when sampling, the stop sequence kept
+in the text, each token's text shown with special tokens (flagged `special`) while generated_text
+skips them, and the answer to `/` wrapped in a list as api-inference does.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from models.tokenizer import IncrementalDecoder
+from server.config import ServerConfig
+from server.engine.async_engine import EngineDeadError, RequestStream
+from server.engine.outputs import CompletionOutput, TokenLogprob
+from server.engine.scheduler import QueueFullError
+from server.hosting import HostedModel
+from server.sampling import SamplingParams
+from server.sampling.params import MAX_LOGPROBS
+
+from .errors import APIError
+from .generation import RequestTracker, build_params, check_context, encode_prompt, submit, until_disconnected
+from .sse import SSE_HEADERS, sse_event
+from .tgi_schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
+
+router = APIRouter()
+
+DEFAULT_MAX_NEW_TOKENS = 1024  # TGI's cap when a request names no max_new_tokens (then: what the context leaves)
+SEED_MAX = 2**64 - 1  # TGI's seeds are u64
+SEED_BITS = 63  # seeds the server picks stay clear of SEED_MAX: output i is seeded with seed + i
+
+
+@dataclass
+class _Plan:
+    """A request that passed every check: what to submit, and how to answer it."""
+
+    hosted: HostedModel
+    inputs: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int | None  # when sampling; output i used seed + i
+    details: bool
+    decoder_input_details: bool
+    top_n_tokens: int
+    return_full_text: bool
+
+
+@dataclass
+class _Sequence:
+    """One generated sequence, accumulated from the engine's deltas."""
+
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    cumulative_logprob: float = 0.0
+
+    def add(self, c: CompletionOutput) -> None:
+        self.token_ids += c.token_ids
+        self.logprobs += c.logprobs or []
+        self.finish_reason = c.finish_reason or self.finish_reason
+        self.cumulative_logprob = c.cumulative_logprob
+
+    @property
+    def mean_logprob(self) -> float:
+        return self.cumulative_logprob / max(len(self.token_ids), 1)
+
+
+def _invalid(message: str, param: str) -> APIError:
+    return APIError(400, message, param=param, reason="invalid_request")
+
+
+def _resolve_model(http: Request, name: str | None) -> HostedModel:
+    state = http.app.state
+    if state.draining:
+        raise APIError(503, "the server is shutting down", reason="draining")
+    if state.host is None:
+        raise APIError(503, "the models are still loading", reason="loading")
+    hosted = state.host.get(name)
+    if hosted is None:
+        raise APIError(404, f"the model {name!r} does not exist; hosted models: {', '.join(state.host.models)}",
+                       param="model", reason="unknown_model")
+    return hosted
+
+
+def _check_supported(p: GenerateParameters) -> None:
+    unsupported = {"typical_p": p.typical_p is not None, "watermark": p.watermark,
+                   "grammar": p.grammar is not None, "adapter_id": p.adapter_id is not None}
+    for name, given in unsupported.items():
+        if given:
+            raise _invalid(f"{name} is not supported by this server; leave it out", name)
+
+
+def _check_ranges(p: GenerateParameters, config: ServerConfig, stream: bool) -> None:
+    """TGI's own rules first (top_p < 1, temperature > 0, ...), then Quill's limits."""
+    if p.temperature is not None and not p.temperature > 0:
+        raise _invalid(f"temperature must be strictly positive, got {p.temperature}", "temperature")
+    if p.top_k is not None and p.top_k <= 0:
+        raise _invalid(f"top_k must be strictly positive, got {p.top_k}", "top_k")
+    if p.top_p is not None and not 0 < p.top_p < 1:
+        raise _invalid(f"top_p must be > 0.0 and < 1.0, got {p.top_p}", "top_p")
+    if p.max_new_tokens is not None and not 1 <= p.max_new_tokens <= config.max_tokens_limit:
+        raise _invalid(f"max_new_tokens must be between 1 and {config.max_tokens_limit}, got {p.max_new_tokens}",
+                       "max_new_tokens")
+    if len(p.stop) > config.max_stop_strings:
+        raise _invalid(f"stop must have at most {config.max_stop_strings} sequences, got {len(p.stop)}", "stop")
+    if any(not s or len(s) > config.max_stop_string_chars for s in p.stop):
+        raise _invalid(f"stop sequences must have 1 to {config.max_stop_string_chars} characters", "stop")
+    if p.seed is not None and not 0 <= p.seed <= SEED_MAX:
+        raise _invalid(f"seed must be between 0 and {SEED_MAX}, got {p.seed}", "seed")
+    if p.top_n_tokens is not None and not 0 <= p.top_n_tokens <= MAX_LOGPROBS:
+        raise _invalid(f"top_n_tokens must be between 0 and {MAX_LOGPROBS}, got {p.top_n_tokens}", "top_n_tokens")
+    if not 1 <= p.num_beams <= config.max_beam_width:
+        raise _invalid(f"num_beams must be between 1 and {config.max_beam_width}, got {p.num_beams}", "num_beams")
+    if stream and p.decoder_input_details:
+        raise _invalid("decoder_input_details == true is not supported when streaming tokens",
+                       "decoder_input_details")
+
+
+def _check_best_of(p: GenerateParameters, config: ServerConfig, sampling: bool, stream: bool) -> int:
+    best_of = 1 if p.best_of is None else p.best_of
+    if not 1 <= best_of <= config.max_n:
+        raise _invalid(f"best_of must be between 1 and {config.max_n}, got {best_of}", "best_of")
+    if best_of > 1:
+        if not sampling:
+            raise _invalid("best_of > 1 needs sampling: set do_sample, temperature, top_k or top_p", "best_of")
+        if p.seed is not None:
+            raise _invalid("seed cannot be set when best_of > 1", "seed")
+        if stream:
+            raise _invalid("best_of != 1 is not supported when streaming tokens", "best_of")
+    return best_of
+
+
+def _check_beams(p: GenerateParameters, sampling: bool, best_of: int) -> None:
+    """Beam search is Quill's addition; it ranks raw log-probabilities and knows no stop strings."""
+    if p.num_beams == 1:
+        if p.length_penalty != 1.0 or p.early_stopping is not False:
+            raise _invalid("length_penalty and early_stopping need beam search (num_beams > 1)", "num_beams")
+        return
+    clashes = {"do_sample/temperature/top_k/top_p": sampling, "best_of": best_of > 1, "stop": bool(p.stop),
+               "top_n_tokens": bool(p.top_n_tokens),
+               "repetition_penalty": p.repetition_penalty not in (None, 1.0),
+               "frequency_penalty": p.frequency_penalty not in (None, 0.0)}
+    for name, clash in clashes.items():
+        if clash:
+            raise _invalid(f"{name} cannot be combined with beam search (num_beams > 1)", name.split("/")[0])
+
+
+def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedModel, stream: bool) -> _Plan:
+    """Everything checked before anything is submitted (and so before the first byte of a stream)."""
+    p = request.parameters
+    _check_supported(p)
+    if not request.inputs:
+        raise _invalid("inputs cannot be empty", "inputs")
+    _check_ranges(p, config, stream)
+    # TGI: any sampling setting turns sampling on, whatever do_sample says.
+    sampling = p.do_sample or any(v is not None for v in (p.temperature, p.top_k, p.top_p))
+    best_of = _check_best_of(p, config, sampling, stream)
+    _check_beams(p, sampling, best_of)
+    prompt_ids = encode_prompt(hosted, request.inputs, param="inputs")
+    if p.truncate is not None:
+        if not 1 <= p.truncate <= hosted.max_model_len:
+            raise _invalid(f"truncate must be between 1 and {hosted.max_model_len}, got {p.truncate}", "truncate")
+        prompt_ids = prompt_ids[-p.truncate:]  # TGI keeps the end of the prompt
+    max_new_tokens = p.max_new_tokens
+    if max_new_tokens is None:
+        room = hosted.max_model_len - len(prompt_ids)
+        max_new_tokens = max(1, min(room, config.max_tokens_limit, DEFAULT_MAX_NEW_TOKENS))
+    check_context(hosted, len(prompt_ids), max_new_tokens, param="max_new_tokens")
+    seed = None
+    if sampling:
+        seed = p.seed if p.seed is not None else random.getrandbits(SEED_BITS)
+    details = p.details or p.decoder_input_details
+    top_n = p.top_n_tokens or 0
+    beam = p.num_beams > 1
+    params = build_params(
+        n=best_of, max_tokens=max_new_tokens,
+        temperature=(1.0 if p.temperature is None else p.temperature) if sampling else 0.0,
+        top_k=-1 if p.top_k is None else p.top_k, top_p=1.0 if p.top_p is None else p.top_p,
+        repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
+        frequency_penalty=0.0 if p.frequency_penalty is None else p.frequency_penalty,
+        seed=seed, stop=list(p.stop),
+        logprobs=top_n if details or stream else None,  # streamed tokens always carry their logprob
+        prompt_logprobs=0 if p.decoder_input_details else None,
+        use_beam_search=beam, beam_width=p.num_beams if beam else 1,
+        length_penalty=p.length_penalty, early_stopping=p.early_stopping,
+    )
+    return _Plan(hosted, request.inputs, prompt_ids, params, seed, details, p.decoder_input_details, top_n,
+                 bool(p.return_full_text))
+
+
+def _start(request: GenerateRequest, http: Request, stream: bool) -> tuple[_Plan, RequestStream, RequestTracker]:
+    state = http.app.state
+    hosted = _resolve_model(http, request.model)
+    plan = _validate(request, state.config, hosted, stream)
+    request_id = f"tgi-{uuid.uuid4().hex}"
+    tracker = RequestTracker(state.metrics, hosted.name, request_id, len(plan.prompt_ids),
+                             request.inputs if state.config.log_prompts else None)
+    return plan, submit(hosted, plan.prompt_ids, plan.params, request_id), tracker
+
+
+def _engine_failure(e: Exception) -> APIError:
+    """An error the engine raised after admission (the stream re-raises what the step thread hit)."""
+    if isinstance(e, QueueFullError):
+        return APIError(429, f"{e}; retry shortly", reason="queue_full")
+    if isinstance(e, EngineDeadError):
+        return APIError(503, str(e), reason="engine_dead")
+    return APIError(500, f"request failed during generation: {e}", reason="engine_error")
+
+
+class _Tokens:
+    """TGI's token objects and finish reasons for one model's tokenizer."""
+
+    def __init__(self, hosted: HostedModel):
+        self.tokenizer = hosted.tokenizer
+        self.eos_token_ids = frozenset(hosted.loaded.eos_token_ids)
+        added = self.tokenizer.hf.get_added_tokens_decoder()
+        self.special_ids = self.eos_token_ids | {i for i, t in added.items() if t.special}
+
+    def decoder(self) -> IncrementalDecoder:
+        """One per sequence: TGI shows special tokens in token texts (and flags them `special`)."""
+        return IncrementalDecoder(self.tokenizer, skip_special_tokens=False)
+
+    def generated(self, decoder: IncrementalDecoder, token_id: int, logprob: float | None, is_last: bool) -> dict:
+        """The next token of a sequence: its text continues the previous tokens' (a split UTF-8 character
+        is held back until completed, or flushed with the last token)."""
+        text = decoder.push(token_id) + (decoder.flush() if is_last else "")
+        return {"id": token_id, "text": text, "logprob": logprob, "special": token_id in self.special_ids}
+
+    def alone(self, token_id: int, logprob: float | None) -> dict:
+        """A prompt token or an alternative: its own text."""
+        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return {"id": token_id, "text": text, "logprob": logprob, "special": token_id in self.special_ids}
+
+    def top(self, entry: TokenLogprob | None) -> list[dict]:
+        return [self.alone(t, lp) for t, lp in entry.top] if entry is not None else []
+
+    def text(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def finish_reason(self, engine_reason: str | None, token_ids: list[int]) -> str:
+        """Engine "stop" is EOS or a stop sequence; TGI tells them apart."""
+        if engine_reason == "length":
+            return "length"
+        if engine_reason == "stop":
+            return "eos_token" if token_ids and token_ids[-1] in self.eos_token_ids else "stop_sequence"
+        raise APIError(500, f"generation ended early ({engine_reason or 'no finish reason'})", reason="engine_error")
+
+
+def _padded(entries: list[TokenLogprob] | None, length: int) -> list[TokenLogprob | None]:
+    """Logprob entries for `length` tokens; beam search reports none."""
+    entries = list(entries or [])
+    return entries + [None] * (length - len(entries))
+
+
+# ---- /generate -------------------------------------------------------------------------------
+
+
+@router.post("/generate")
+async def generate(request: GenerateRequest, http: Request):
+    plan, stream, tracker = _start(request, http, stream=False)
+    return await until_disconnected(http, _complete(plan, stream, tracker))
+
+
+async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker) -> dict:
+    sequences: dict[int, _Sequence] = {}
+    prompt_entries = None
+    try:
+        async for out in tracker.follow(stream):
+            if out.error:
+                raise APIError(500, out.error, reason="engine_error")
+            if out.prompt_logprobs is not None:
+                prompt_entries = out.prompt_logprobs
+            for c in out.outputs:
+                if c.finish_reason in ("abort", "error"):
+                    raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
+                sequences.setdefault(c.index, _Sequence(c.index)).add(c)
+    except APIError:
+        tracker.done(500)
+        raise
+    except (QueueFullError, EngineDeadError, ValueError) as e:
+        tracker.done(500)
+        raise _engine_failure(e) from None
+    if not sequences:
+        tracker.done(500)
+        raise APIError(500, "generation ended without output", reason="engine_error")
+    tracker.done(200)
+    # TGI's best_of: the highest mean log-probability per token wins; the others go to best_of_sequences.
+    best, *others = sorted(sequences.values(), key=lambda s: s.mean_logprob, reverse=True)
+    prefix = plan.inputs if plan.return_full_text else ""
+    tokens = _Tokens(plan.hosted)
+    body = {"generated_text": prefix + tokens.text(best.token_ids)}
+    if plan.details:
+        prefill = _prefill(plan, tokens, prompt_entries)
+        details = _details(plan, tokens, best, prefill)
+        if plan.params.n > 1:
+            details["best_of_sequences"] = [
+                {"generated_text": prefix + tokens.text(s.token_ids), **_details(plan, tokens, s, prefill)} for s in others
+            ]
+        body["details"] = details
+    return body
+
+
+def _prefill(plan: _Plan, tokens: _Tokens, entries: list[TokenLogprob | None] | None) -> list[dict]:
+    if not plan.decoder_input_details:
+        return []
+    prefill = []
+    for token_id, entry in zip(plan.prompt_ids, _padded(entries, len(plan.prompt_ids))):
+        token = tokens.alone(token_id, None if entry is None else entry.logprob)
+        del token["special"]  # TGI's PrefillToken has no such field
+        prefill.append(token)
+    return prefill
+
+
+def _details(plan: _Plan, tokens: _Tokens, seq: _Sequence, prefill: list[dict]) -> dict:
+    decoder = tokens.decoder()
+    entries = _padded(seq.logprobs, len(seq.token_ids))
+    last = len(seq.token_ids) - 1
+    details = {
+        "finish_reason": tokens.finish_reason(seq.finish_reason, seq.token_ids),
+        "generated_tokens": len(seq.token_ids),
+        "seed": None if plan.seed is None else plan.seed + seq.index,
+        "prefill": prefill,
+        "tokens": [tokens.generated(decoder, t, None if e is None else e.logprob, i == last)
+                   for i, (t, e) in enumerate(zip(seq.token_ids, entries))],
+    }
+    if plan.top_n_tokens:
+        details["top_tokens"] = [tokens.top(e) for e in entries]
+    return details
+
+
+# ---- /generate_stream ------------------------------------------------------------------------
+
+
+@router.post("/generate_stream")
+async def generate_stream(request: GenerateRequest, http: Request):
+    plan, stream, tracker = _start(request, http, stream=True)
+    return StreamingResponse(_events(plan, stream, tracker), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _error_event(message: str, error_type: str = "generation") -> bytes:
+    return sse_event({"error": message, "error_type": error_type})
+
+
+async def _events(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
+    """One event per token; the last token's event carries generated_text (and details when asked)."""
+    tokens = _Tokens(plan.hosted)
+    decoder = tokens.decoder()
+    token_ids: list[int] = []
+    status = 499  # until the stream ends one way or another: the client left
+    try:
+        async for out in tracker.follow(stream):
+            if out.error:
+                status = 500
+                yield _error_event(out.error)
+                return
+            for c in out.outputs:  # streaming allows no best_of, so this is the one sequence
+                for i, (token_id, entry) in enumerate(zip(c.token_ids, _padded(c.logprobs, len(c.token_ids)))):
+                    is_last = c.finish_reason is not None and i == len(c.token_ids) - 1
+                    token_ids.append(token_id)
+                    event = {"index": len(token_ids),
+                             "token": tokens.generated(decoder, token_id, None if entry is None else entry.logprob,
+                                                       is_last),
+                             "top_tokens": tokens.top(entry) if plan.top_n_tokens else [],
+                             "generated_text": None, "details": None}
+                    if is_last:
+                        event |= _final(plan, tokens, c.finish_reason, token_ids)
+                        status = 200
+                    yield sse_event(event)
+                if c.finish_reason is not None and status != 200:
+                    status = 500
+                    yield _error_event(f"generation ended early ({c.finish_reason})")
+                    return
+        if status != 200:
+            status = 500
+            yield _error_event("incomplete generation stream", "incomplete_generation")
+    except (QueueFullError, EngineDeadError, ValueError) as e:
+        status = 500
+        yield _error_event(_engine_failure(e).message)
+    except APIError as e:
+        status = 500
+        yield _error_event(e.message)
+    finally:
+        tracker.done(status)
+        stream.close()
+
+
+def _final(plan: _Plan, tokens: _Tokens, engine_reason: str, token_ids: list[int]) -> dict:
+    final = {"generated_text": (plan.inputs if plan.return_full_text else "") + tokens.text(token_ids)}
+    if plan.details:
+        final["details"] = {"finish_reason": tokens.finish_reason(engine_reason, token_ids),
+                            "generated_tokens": len(token_ids), "seed": plan.seed,
+                            "input_length": len(plan.prompt_ids)}
+    return final
+
+
+# ---- / ---------------------------------------------------------------------------------------
+
+
+@router.post("/")
+async def compat_generate(request: CompatGenerateRequest, http: Request):
+    """TGI's compatibility route: streams when the body says so; otherwise a one-element list, as
+    api-inference answers (huggingface_hub's InferenceClient takes either shape)."""
+    if request.stream:
+        return await generate_stream(request, http)
+    return [await generate(request, http)]

@@ -1,0 +1,121 @@
+"""The real server process on a loopback port: the official openai client, dropped streams, SIGTERM."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.server.api.conftest import LiveServer
+
+
+def metric(url: str, name: str, model: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    match = re.search(rf'^{name}{{model="{model}"}} (\S+)$', text, re.M)
+    return float(match.group(1))
+
+
+def test_openai_client_completions(live_server):
+    client = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key="unused")
+    models = [m.id for m in client.models.list()]
+    assert models == ["tiny-transformer", "tiny-lstm", "tiny-gcnn"]
+    for model in models:
+        done = client.completions.create(model=model, prompt="To be", max_tokens=5, temperature=0,
+                                         extra_body={"ignore_eos": True})
+        assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 5
+    scored = client.completions.create(model="tiny-lstm", prompt="To be", max_tokens=3, logprobs=2, echo=True,
+                                       extra_body={"ignore_eos": True})
+    lp = scored.choices[0].logprobs
+    assert lp.token_logprobs[0] is None and len(lp.tokens) == len(lp.token_logprobs)
+    beams = client.completions.create(model="tiny-gcnn", prompt="To be", max_tokens=4, n=2, best_of=3,
+                                      extra_body={"use_beam_search": True})
+    assert len(beams.choices) == 2
+
+
+def test_openai_client_streaming(live_server):
+    client = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key="unused")
+    stream = client.completions.create(model="tiny-transformer", prompt="To be", max_tokens=8, temperature=0,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens == 8
+    whole = client.completions.create(model="tiny-transformer", prompt="To be", max_tokens=8, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert text == whole.choices[0].text
+
+
+def test_openai_client_sees_errors(live_server):
+    client = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny-lstm", prompt="x", max_tokens=5, temperature=-1)
+    assert "temperature" in str(info.value)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=5)
+
+
+def test_dropped_streams_free_their_cache(live_server):
+    for model in ("tiny-transformer", "tiny-lstm"):
+        for _ in range(3):
+            with httpx.stream("POST", f"{live_server.url}/v1/completions", timeout=30, json={
+                "model": model, "prompt": "To be", "max_tokens": 250 if model != "tiny-transformer" else 50,
+                "stream": True, "ignore_eos": True,
+            }) as r:
+                for i, _ in enumerate(r.iter_lines()):
+                    if i > 3:
+                        break  # the client goes away mid-stream
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if metric(live_server.url, "quill_cache_usage_ratio", model) == 0 and \
+                    metric(live_server.url, "quill_num_requests_running", model) == 0:
+                break
+            time.sleep(0.1)
+        assert metric(live_server.url, "quill_cache_usage_ratio", model) == 0
+        assert metric(live_server.url, "quill_num_requests_running", model) == 0
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="promtool not installed (Debian package 'prometheus'; .ci/run installs it)")
+def test_metrics_pass_promtool(live_server):
+    httpx.post(f"{live_server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    text = httpx.get(f"{live_server.url}/metrics").text
+    result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_checkpoints):
+    server = LiveServer(tiny_checkpoints, "--drain-seconds", "60")  # generous: this machine may be busy
+    server.wait_ready()
+    results = {}
+
+    def long_request(i):
+        r = httpx.post(f"{server.url}/v1/completions", timeout=30, json={
+            "model": "tiny-lstm", "prompt": "To be", "max_tokens": 150, "n": 2, "ignore_eos": True})
+        results[i] = r.status_code, (r.json() if r.status_code == 200 else r.text)
+
+    workers = [threading.Thread(target=long_request, args=(i,)) for i in range(4)]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + 10
+    while metric(server.url, "quill_num_requests_running", "tiny-lstm") < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    ready = httpx.get(f"{server.url}/ready", timeout=5)
+    refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=5)
+    still_running = metric(server.url, "quill_num_requests_running", "tiny-lstm")
+    for w in workers:
+        w.join(timeout=60)
+    server.process.wait(timeout=60)
+    assert still_running > 0, "the requests finished before the drain could be observed"
+    assert ready.status_code == 503 and refused.status_code == 503
+    for status, body in results.values():  # in-flight requests ran to the end
+        assert status == 200 and body["usage"]["completion_tokens"] == 2 * 150
+    assert len(results) == 4 and server.process.returncode == 0
