@@ -25,9 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $@
 
-# Until the HTTP server lands, `serve` shows the bundled default model generating offline.
 serve: $(STAMP)
-	$(VENV)/bin/quill generate "ROMEO:" --model shakespeare-transformer
+	$(VENV)/bin/quill serve
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,0 +1,8 @@
+"""Python client for Quill's HTTP API."""
+
+from .client import AsyncClient, Client
+from .errors import QuillConnectionError, QuillError
+from .types import Choice, Completion, Logprobs, ModelInfo, Usage
+
+__all__ = ["AsyncClient", "Client", "Choice", "Completion", "Logprobs", "ModelInfo", "QuillConnectionError",
+           "QuillError", "Usage"]

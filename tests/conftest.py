@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
 import pytest
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from models.checkpoint import save_checkpoint
 from models.registry import ARCHITECTURES
 from models.tokenizer import Tokenizer
 
@@ -55,3 +65,80 @@ def build_tiny_model(key: str, vocab_size: int = 300, seed: int = 0):
     torch.manual_seed(seed)
     model = model_cls(config_cls(vocab_size=vocab_size, **kwargs)).eval()
     return arch, model
+
+
+# ---- tiny checkpoints on disk, and a real server over them -------------------------------
+
+TINY = {"tiny-transformer": "transformer-gpt2", "tiny-lstm": "lstm", "tiny-gcnn": "gcnn"}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory, tiny_tokenizer) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    paths = {}
+    for name, key in TINY.items():
+        arch, model = build_tiny_model(key, tiny_tokenizer.vocab_size)
+        with torch.no_grad():
+            model.embed.weight.mul_(0.5)
+        paths[name] = str(save_checkpoint(root / name, arch, model, tiny_tokenizer, dtype=torch.float32))
+    return paths
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """`quill serve` in a subprocess on a loopback port."""
+
+    def __init__(self, tiny_checkpoints, *extra: str, env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "quill.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+                "--device", "cpu", "--dtype", "float32", "--cache-bytes", str(4 * 2**20), "--block-size", "4",
+                "--max-tokens-limit", "256", "--drain-seconds", "5"]
+        for name, path in tiny_checkpoints.items():
+            args += ["--model", f"{name}={path}"]
+        self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty server never blocks on it
+        self.process = subprocess.Popen(
+            args + list(extra), stdout=self.log, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, **(env or {})},
+        )
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.output()}")
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("server not ready")
+
+    def stop(self) -> str:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.output()
+
+
+@pytest.fixture(scope="module")
+def live_server(tiny_checkpoints):
+    server = LiveServer(tiny_checkpoints)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()

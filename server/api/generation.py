@@ -28,6 +28,33 @@ log = logging.getLogger("quill.requests")
 RETRY_AFTER_SECONDS = 1
 
 
+def resolve_model(http: Request, name: str | None) -> HostedModel:
+    """The hosted model a request names (the default when it names none); 503 while loading or draining."""
+    state = http.app.state
+    if state.draining:
+        raise APIError(503, "the server is shutting down", reason="draining")
+    if state.host is None:
+        raise APIError(503, "the models are still loading", reason="loading")
+    hosted = state.host.get(name)
+    if hosted is None:
+        raise APIError(404, f"the model {name!r} does not exist; hosted models: {', '.join(state.host.models)}",
+                       param="model", code="model_not_found", reason="unknown_model")
+    return hosted
+
+
+def engine_failure(e: Exception) -> APIError:
+    """An error the engine raised after admission (a stream re-raises what the step thread hit)."""
+    if isinstance(e, QueueFullError):
+        return APIError(429, f"{e}; retry shortly", headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+                        reason="queue_full")
+    if isinstance(e, EngineDeadError):
+        return APIError(503, str(e), reason="engine_dead")
+    return APIError(500, f"request failed during generation: {e}", reason="engine_error")
+
+
+ENGINE_ERRORS = (QueueFullError, EngineDeadError, ValueError)
+
+
 def build_params(**kwargs) -> SamplingParams:
     try:
         return SamplingParams(**kwargs)

@@ -11,7 +11,17 @@ from fastapi.responses import StreamingResponse
 from server.engine.outputs import CompletionOutput, TokenLogprob
 
 from .errors import APIError
-from .generation import RequestTracker, build_params, check_context, encode_prompt, submit, until_disconnected
+from .generation import (
+    ENGINE_ERRORS,
+    RequestTracker,
+    build_params,
+    check_context,
+    encode_prompt,
+    engine_failure,
+    resolve_model,
+    submit,
+    until_disconnected,
+)
 from .openai_schemas import CompletionRequest
 from .sse import SSE_HEADERS, sse_event
 
@@ -49,6 +59,8 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
                        reason="invalid_request")
     if request.stream and best_of > request.n and not request.use_beam_search:
         raise APIError(400, "best_of > n cannot be streamed", param="best_of", reason="invalid_request")
+    if request.use_beam_search and request.stop:
+        raise APIError(400, "stop strings are not supported with beam search", param="stop", reason="invalid_request")
     if request.top_k == 0:
         raise APIError(400, "top_k must be -1 (off) or at least 1, got 0", param="top_k", reason="invalid_request")
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
@@ -83,15 +95,6 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
     return params, prompts
 
 
-def _resolve_model(http: Request, name: str | None):
-    host = http.app.state.host
-    hosted = host.get(name)
-    if hosted is None:
-        raise APIError(404, f"the model {name!r} does not exist; hosted models: {', '.join(host.models)}",
-                       param="model", code="model_not_found", reason="unknown_model")
-    return hosted
-
-
 def _logprobs_block(tokenizer, entries: list[TokenLogprob | None], ids: list[int], offset: int) -> dict:
     """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
     tokens, token_logprobs, tops, offsets = [], [], [], []
@@ -118,9 +121,7 @@ async def list_models(http: Request):
 @router.post("/v1/completions")
 async def create_completion(request: CompletionRequest, http: Request):
     app = http.app.state
-    if app.draining:
-        raise APIError(503, "the server is shutting down", reason="draining")
-    hosted = _resolve_model(http, request.model)
+    hosted = resolve_model(http, request.model)
     params, prompts = _validate(request, app.config, hosted)
     completion_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -149,7 +150,12 @@ async def _complete(request, hosted, params, prompts, streams, trackers, complet
         for p, ((ids, text), stream, tracker) in enumerate(zip(prompts, streams, trackers)):
             per_index: dict[int, dict] = {}
             prompt_entries = None
-            async for out in tracker.follow(stream):
+            try:
+                outputs = [out async for out in tracker.follow(stream)]
+            except ENGINE_ERRORS as e:
+                tracker.done(500)
+                raise engine_failure(e) from None
+            for out in outputs:
                 if out.error:
                     tracker.done(500)
                     raise APIError(500, out.error, reason="engine_error")
@@ -190,6 +196,10 @@ async def _complete(request, hosted, params, prompts, streams, trackers, complet
     }
 
 
+def _error_event(message: str) -> bytes:
+    return sse_event({"error": {"message": message, "type": "internal_error", "param": None, "code": None}})
+
+
 async def _stream(request, hosted, params, prompts, streams, trackers, completion_id, created):
     tokenizer = hosted.tokenizer
 
@@ -197,35 +207,45 @@ async def _stream(request, hosted, params, prompts, streams, trackers, completio
         return sse_event({"id": completion_id, "object": "text_completion", "created": created, "model": hosted.name,
                           "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
 
+    def chunks(p, text, out, echoed, offsets):
+        for c in out.outputs:
+            index = p * request.n + c.index
+            prefix = ""
+            if request.echo and index not in echoed:
+                echoed.add(index)
+                prefix = text
+            logprobs = None
+            if request.logprobs is not None and c.token_ids:
+                logprobs = _logprobs_block(tokenizer, c.logprobs or [], c.token_ids, offsets.get(index, 0))
+                offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs["tokens"])
+            if prefix or c.text or c.finish_reason or logprobs:
+                yield chunk(index, prefix + c.text, c.finish_reason, logprobs)
+
     usage_prompt = usage_completion = 0
     try:
         for p, ((ids, text), stream, tracker) in enumerate(zip(prompts, streams, trackers)):
-            offsets: dict[int, int] = {}
             echoed: set[int] = set()
-            status = 200
-            async for out in tracker.follow(stream):
-                if out.error:
-                    status = 500
-                    yield sse_event({"error": {"message": out.error, "type": "internal_error", "param": None,
-                                               "code": None}})
-                    break
-                for c in out.outputs:
-                    index = p * request.n + c.index
-                    prefix = ""
-                    if request.echo and index not in echoed:
-                        echoed.add(index)
-                        prefix = text
-                    logprobs = None
-                    if request.logprobs is not None and c.token_ids:
-                        logprobs = _logprobs_block(tokenizer, c.logprobs or [], c.token_ids, offsets.get(index, 0))
-                        offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs["tokens"])
-                    if prefix or c.text or c.finish_reason or logprobs:
-                        yield chunk(index, prefix + c.text, c.finish_reason, logprobs)
-            tracker.done(status)
+            offsets: dict[int, int] = {}
+            status = 499  # until the stream ends normally: a client that leaves is logged as such
+            try:
+                async for out in tracker.follow(stream):
+                    if out.error:
+                        status = 500
+                        yield _error_event(out.error)
+                        break
+                    for event in chunks(p, text, out, echoed, offsets):
+                        yield event
+                else:
+                    status = 200
+            except ENGINE_ERRORS as e:
+                status = 500
+                yield _error_event(engine_failure(e).message)
+            finally:
+                tracker.done(status)
+            if status != 200:
+                return
             usage_prompt += len(ids)
             usage_completion += tracker.num_generated
-            if status != 200:
-                break
         if request.stream_options and request.stream_options.include_usage:
             yield sse_event({"id": completion_id, "object": "text_completion", "created": created,
                              "model": hosted.name, "choices": [],

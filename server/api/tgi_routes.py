@@ -17,15 +17,24 @@ from fastapi.responses import StreamingResponse
 
 from models.tokenizer import IncrementalDecoder
 from server.config import ServerConfig
-from server.engine.async_engine import EngineDeadError, RequestStream
+from server.engine.async_engine import RequestStream
 from server.engine.outputs import CompletionOutput, TokenLogprob
-from server.engine.scheduler import QueueFullError
 from server.hosting import HostedModel
 from server.sampling import SamplingParams
 from server.sampling.params import MAX_LOGPROBS
 
 from .errors import APIError
-from .generation import RequestTracker, build_params, check_context, encode_prompt, submit, until_disconnected
+from .generation import (
+    ENGINE_ERRORS,
+    RequestTracker,
+    build_params,
+    check_context,
+    encode_prompt,
+    engine_failure,
+    resolve_model,
+    submit,
+    until_disconnected,
+)
 from .sse import SSE_HEADERS, sse_event
 from .tgi_schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
 
@@ -74,19 +83,6 @@ class _Sequence:
 
 def _invalid(message: str, param: str) -> APIError:
     return APIError(400, message, param=param, reason="invalid_request")
-
-
-def _resolve_model(http: Request, name: str | None) -> HostedModel:
-    state = http.app.state
-    if state.draining:
-        raise APIError(503, "the server is shutting down", reason="draining")
-    if state.host is None:
-        raise APIError(503, "the models are still loading", reason="loading")
-    hosted = state.host.get(name)
-    if hosted is None:
-        raise APIError(404, f"the model {name!r} does not exist; hosted models: {', '.join(state.host.models)}",
-                       param="model", reason="unknown_model")
-    return hosted
 
 
 def _check_supported(p: GenerateParameters) -> None:
@@ -197,21 +193,12 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
 
 def _start(request: GenerateRequest, http: Request, stream: bool) -> tuple[_Plan, RequestStream, RequestTracker]:
     state = http.app.state
-    hosted = _resolve_model(http, request.model)
+    hosted = resolve_model(http, request.model)
     plan = _validate(request, state.config, hosted, stream)
     request_id = f"tgi-{uuid.uuid4().hex}"
     tracker = RequestTracker(state.metrics, hosted.name, request_id, len(plan.prompt_ids),
                              request.inputs if state.config.log_prompts else None)
     return plan, submit(hosted, plan.prompt_ids, plan.params, request_id), tracker
-
-
-def _engine_failure(e: Exception) -> APIError:
-    """An error the engine raised after admission (the stream re-raises what the step thread hit)."""
-    if isinstance(e, QueueFullError):
-        return APIError(429, f"{e}; retry shortly", reason="queue_full")
-    if isinstance(e, EngineDeadError):
-        return APIError(503, str(e), reason="engine_dead")
-    return APIError(500, f"request failed during generation: {e}", reason="engine_error")
 
 
 class _Tokens:
@@ -284,9 +271,9 @@ async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker)
     except APIError:
         tracker.done(500)
         raise
-    except (QueueFullError, EngineDeadError, ValueError) as e:
+    except ENGINE_ERRORS as e:
         tracker.done(500)
-        raise _engine_failure(e) from None
+        raise engine_failure(e) from None
     if not sequences:
         tracker.done(500)
         raise APIError(500, "generation ended without output", reason="engine_error")
@@ -301,7 +288,8 @@ async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker)
         details = _details(plan, tokens, best, prefill)
         if plan.params.n > 1:
             details["best_of_sequences"] = [
-                {"generated_text": prefix + tokens.text(s.token_ids), **_details(plan, tokens, s, prefill)} for s in others
+                {"generated_text": prefix + tokens.text(s.token_ids), **_details(plan, tokens, s, prefill)}
+                for s in others
             ]
         body["details"] = details
     return body
@@ -353,7 +341,7 @@ async def _events(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
     tokens = _Tokens(plan.hosted)
     decoder = tokens.decoder()
     token_ids: list[int] = []
-    status = 499  # until the stream ends one way or another: the client left
+    status = 499  # what the log says if the client leaves before the end
     try:
         async for out in tracker.follow(stream):
             if out.error:
@@ -380,9 +368,9 @@ async def _events(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
         if status != 200:
             status = 500
             yield _error_event("incomplete generation stream", "incomplete_generation")
-    except (QueueFullError, EngineDeadError, ValueError) as e:
+    except ENGINE_ERRORS as e:
         status = 500
-        yield _error_event(_engine_failure(e).message)
+        yield _error_event(engine_failure(e).message)
     except APIError as e:
         status = 500
         yield _error_event(e.message)
@@ -392,6 +380,7 @@ async def _events(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
 
 
 def _final(plan: _Plan, tokens: _Tokens, engine_reason: str, token_ids: list[int]) -> dict:
+    """What the last token's event adds: the whole text, and TGI's StreamDetails when asked."""
     final = {"generated_text": (plan.inputs if plan.return_full_text else "") + tokens.text(token_ids)}
     if plan.details:
         final["details"] = {"finish_reason": tokens.finish_reason(engine_reason, token_ids),

@@ -10,7 +10,7 @@ from tests.conftest import build_tiny_model
 
 
 def run_quill(*args):
-    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "quill.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_generate_prints_prompt_and_continuation(tmp_path, tiny_tokenizer):

@@ -196,6 +196,20 @@ async def test_api_key_is_required_when_set(tiny_checkpoints):
         host.shutdown()
 
 
+async def test_loading_server_is_not_ready(tiny_checkpoints):
+    app = create_app(None, server_config(tiny_checkpoints))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        assert (await c.get("/ready")).status_code == 503
+        assert (await c.get("/health")).status_code == 200
+        r = await complete(c, prompt="x", max_tokens=1)
+        assert r.status_code == 503 and "loading" in r.json()["error"]["message"]
+
+
+async def test_beam_search_with_stop_strings_is_refused(client):
+    r = await complete(client, prompt="x", use_beam_search=True, best_of=2, stop=["a"])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+
+
 async def test_draining_server_refuses_new_work(client, app):
     app.state.draining = True
     try:
@@ -207,25 +221,36 @@ async def test_draining_server_refuses_new_work(client, app):
 
 
 async def test_queue_full_gets_429_with_retry_after(tiny_checkpoints):
-    config = server_config(tiny_checkpoints, max_queue=1, max_num_seqs=1, models=[f"m={tiny_checkpoints['tiny-lstm']}"])
+    import asyncio
+    import threading
+
+    config = server_config(tiny_checkpoints, max_queue=1, models=[f"m={tiny_checkpoints['tiny-lstm']}"])
     host = ModelHost.load(config)
+    engine = host.get("m").engine
+    paused = threading.Event()
+    real_step = engine.core.step
+
+    def held_step():  # the engine stalls until released: the queue fills deterministically
+        paused.wait(timeout=30)
+        return real_step()
+
+    engine.core.step = held_step
     host.start()
     app = create_app(host, config)
-    engine = host.get("m").engine
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t", timeout=60) as c:
-            import asyncio
-
-            long = [asyncio.create_task(complete(c, prompt="x", max_tokens=200, ignore_eos=True)) for _ in range(2)]
-            for _ in range(100):
+            first = asyncio.create_task(complete(c, prompt="x", max_tokens=3, ignore_eos=True))
+            for _ in range(500):
                 if engine.num_pending >= 1:
                     break
                 await asyncio.sleep(0.01)
             r = await complete(c, prompt="x", max_tokens=1)
             assert r.status_code == 429 and r.headers["Retry-After"] == "1"
             assert r.json()["error"]["type"] == "rate_limit_error"
-            assert all(t.status_code == 200 for t in await asyncio.gather(*long))
+            paused.set()
+            assert (await first).status_code == 200  # the admitted request is unaffected
     finally:
+        paused.set()
         host.shutdown()
 
 

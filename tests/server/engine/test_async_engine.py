@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -64,21 +65,30 @@ def test_leaving_early_aborts_and_frees(tiny_tokenizer):
 
 def test_full_queue_is_refused_at_once(tiny_tokenizer):
     engine = make_engine(tiny_tokenizer, max_queue=1, max_num_seqs=1)
+    paused = threading.Event()
+    real_step = engine.core.step
+
+    def held_step():  # the engine stalls until released, so the queue fills deterministically
+        paused.wait(timeout=30)
+        return real_step()
+
+    engine.core.step = held_step
 
     async def main():
-        first = asyncio.create_task(collect(engine, [1, 2], SamplingParams(max_tokens=200, ignore_eos=True)))
-        await asyncio.sleep(0.2)  # first is running; the next one waits
-        second = asyncio.create_task(collect(engine, [1, 2], SamplingParams(max_tokens=2, ignore_eos=True)))
-        await asyncio.sleep(0.05)
+        first = asyncio.create_task(collect(engine, [1, 2], SamplingParams(max_tokens=3, ignore_eos=True)))
+        while engine.num_pending < 1:
+            await asyncio.sleep(0.01)
         with pytest.raises(QueueFullError):
             await collect(engine, [1, 2], SamplingParams(max_tokens=2))
-        first.cancel()
-        await asyncio.gather(second)
+        paused.set()
+        return await first
 
     try:
-        asyncio.run(main())
+        outs = asyncio.run(main())
     finally:
+        paused.set()
         engine.shutdown()
+    assert outs[-1].finished and outs[-1].error is None
 
 
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny_tokenizer, monkeypatch):

@@ -8,7 +8,8 @@ import sys
 from models.checkpoint import CheckpointError, load_checkpoint
 from models.generate import generate
 
-from .config import add_serve_arguments, config_from_args
+from clients.cli import add_client_parsers, run_guarded
+from server.config import add_serve_arguments, config_from_args
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -39,7 +40,7 @@ def _add_generate_parser(subparsers) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .serve import serve  # the HTTP stack loads only for this command
+    from server.serve import serve  # the HTTP stack loads only for this command
 
     return serve(config_from_args(args))
 
@@ -50,18 +51,26 @@ def _add_serve_parser(subparsers) -> None:
     p.set_defaults(run=_serve)
 
 
+def _add_train_parser(subparsers) -> None:
+    from models.training.cli import add_train_parser
+
+    add_train_parser(subparsers).set_defaults(run=lambda args: args.func(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quill", description="Quill: serve LSTM, gated-CNN and Transformer LMs")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_serve_parser(subparsers)
     _add_generate_parser(subparsers)
+    _add_train_parser(subparsers)
+    add_client_parsers(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        return run_guarded(args.run, args)
     except (CheckpointError, ValueError) as e:
         print(f"quill {args.command}: error: {e}", file=sys.stderr)
         return 2
