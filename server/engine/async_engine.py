@@ -120,7 +120,9 @@ class AsyncEngine:
                 self._deliver(request_id, e)
 
     def _fail_running(self, message: str) -> None:
-        """A step raised: fail the requests it was running, free their cache, keep serving the rest."""
+        """A step raised: fail the requests it was running, free their cache, keep serving the rest.
+        A step can die halfway through its bookkeeping, so the cache is then rebuilt from nothing
+        (waiting requests hold no cache)."""
         for group in list(self.core.scheduler.running):
             self.core.abort(group.request_id)
             outs = [CompletionOutput(i, "", [], None, "error") for i in range(group.params.n)]
@@ -128,6 +130,7 @@ class AsyncEngine:
                 group.request_id,
                 RequestOutput(group.request_id, outs, True, len(group.prompt_token_ids), error=message),
             )
+        self.core.cache.reset()
 
     def _run(self) -> None:
         try:

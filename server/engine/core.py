@@ -244,11 +244,16 @@ class EngineCore:
         outputs = [s.output_token_ids for s in group.seqs]
         step = beam.step(logprobs, outputs)
         old = group.seqs
+        # Free the beams nobody continues first, so their slots serve this step's forks.
+        chosen = {parent_index for parent_index, _, _ in step.running}
+        for i, seq in enumerate(old):
+            if i not in chosen:
+                self.cache.free(seq.seq_id)
         new: list[Sequence] = []
         reused: set[int] = set()
-        for parent_index, token, score in step.running:
+        for parent_index, _, _ in step.running:
             parent = old[parent_index]
-            if parent_index in reused:
+            if parent_index in reused:  # a second child of the same parent: fork before anyone appends
                 child = self._new_sequence(list(parent.token_ids), parent.num_prompt_tokens, len(new), group.params)
                 child.num_computed = parent.num_computed
                 self.cache.fork(parent.seq_id, child.seq_id)
@@ -256,13 +261,9 @@ class EngineCore:
                 reused.add(parent_index)
                 child = parent
             new.append(child)
-        # Fork before appending: children start from their parent's tokens.
         for child, (_, token, score) in zip(new, step.running):
             child.token_ids.append(token)
             child.cumulative_logprob = score
-        for i, seq in enumerate(old):
-            if i not in reused:
-                self.cache.free(seq.seq_id)
         group.seqs = new
         if step.done:
             for seq in group.seqs:

@@ -117,6 +117,14 @@ class KVBlockManager:
         for block in reversed(self.tables.pop(seq_id, [])):  # tail first: evicted before the shared prefix
             self._release(block)
 
+    def reset(self) -> None:
+        """Forget every sequence and cached prefix (after a failed step, when no request holds blocks)."""
+        self.ref_counts = [0] * self.num_blocks
+        self.block_key = [None] * self.num_blocks
+        self.cached.clear()
+        self.free_blocks = OrderedDict.fromkeys(range(self.num_blocks))
+        self.tables.clear()
+
     # ---- block pool --------------------------------------------------------------
 
     def _take(self, block: int) -> None:

@@ -70,8 +70,11 @@ class Scheduler:
 
     @staticmethod
     def seats(group: SequenceGroup) -> int:
-        """Sequences a request will run at once: its n samples or W beams, reserved from admission on."""
-        return len(group.seqs) if group.is_forked else group.num_outputs
+        """Sequences a request may run at once, reserved from admission on: W for a beam search (beams
+        fork and drop every step), n samples until they are forked, then those still running."""
+        if group.params.use_beam_search or not group.is_forked:
+            return group.num_outputs
+        return len(group.seqs)
 
     @property
     def num_running_seqs(self) -> int:

@@ -46,9 +46,19 @@ class StateSlotManager:
     def can_admit(self, num_seqs: int = 1) -> bool:
         return len(self.free_slots) >= num_seqs
 
+    def _take_slot(self) -> int:
+        if not self.free_slots:  # the scheduler reserves seats, so this is a bookkeeping bug, not load
+            raise RuntimeError("no free state slot")
+        return self.free_slots.pop()
+
+    def reset(self) -> None:
+        """Forget every sequence (after a failed step, when no request holds state any more)."""
+        self.slots.clear()
+        self.free_slots = list(range(self.num_seq_slots - 1, -1, -1))
+
     def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int) -> int:
         """Give a sequence a slot, started from the longest snapshotted prefix. Returns tokens already computed."""
-        slot = self.free_slots.pop()
+        slot = self._take_slot()
         self.slots[seq_id] = slot
         found, snapshot = 0, None
         if self.enable_prefix_caching:
@@ -95,7 +105,7 @@ class StateSlotManager:
         self.snapshots[key] = target
 
     def fork(self, parent_id: int, child_id: int) -> None:
-        slot = self.free_slots.pop()
+        slot = self._take_slot()
         self.state.copy([self.slots[parent_id]], [slot])
         self.slots[child_id] = slot
 

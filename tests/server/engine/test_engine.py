@@ -161,3 +161,14 @@ def test_beam_search_runs_for_every_architecture(loaded):
     assert scores == sorted(scores, reverse=True)
     assert len({tuple(beams[i]["token_ids"]) for i in range(3)}) == 3
     assert e.cache.usage == 0
+
+
+def test_beams_and_samples_fit_in_few_slots(loaded):
+    """Beams fork and drop every step: their seats are reserved, so a tight pool never runs out."""
+    e = engine(loaded, max_num_seqs=5)
+    for i in range(3):
+        e.add_request(f"beam{i}", PROMPTS[i % 4], SamplingParams(max_tokens=8, use_beam_search=True, beam_width=3))
+        e.add_request(f"n{i}", PROMPTS[(i + 1) % 4], SamplingParams(max_tokens=8, n=2, seed=i, ignore_eos=True))
+    results = run_to_completion(e)
+    assert len(results) == 6
+    assert e.cache.usage == 0

@@ -1,0 +1,1 @@
+"""Benchmarks of the engine against Hugging Face and against the hardware's limits (see README.md)."""
