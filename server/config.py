@@ -26,6 +26,7 @@ class ServerConfig:
     max_model_len: int | None = None  # None: the model's context (Transformers), 4096 (recurrent, convolutional)
     api_keys: list[str] = field(default_factory=list)
     max_body_bytes: int = 1 * 2**20
+    body_timeout: float = 30.0  # seconds for a request body to arrive in full (slow-loris guard)
     max_n: int = 16
     max_beam_width: int = 8
     max_stop_strings: int = 16
@@ -86,6 +87,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="require this bearer token (repeat for several; env QUILL_API_KEY, comma-separated)",
     )
     arg("--max-body-bytes", int, d.max_body_bytes, "largest request body accepted")
+    arg("--body-timeout", float, d.body_timeout, "seconds a request body may take to arrive (then 408)")
     arg("--max-n", int, d.max_n, "largest n / best_of")
     arg("--max-beam-width", int, d.max_beam_width, "largest beam width")
     arg("--max-tokens-limit", int, d.max_tokens_limit, "largest max_tokens a request may ask for")

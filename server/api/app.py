@@ -33,7 +33,7 @@ def create_app(host: ModelHost | None, config: ServerConfig, metrics: Metrics | 
 
     install_error_handlers(app, on_error=count_error)
     app.add_middleware(RequestGuard, max_body_bytes=config.max_body_bytes, api_keys=config.api_keys,
-                       on_reject=count_error)
+                       on_reject=count_error, body_timeout=config.body_timeout)
 
     app.include_router(health_routes.router)
     app.include_router(openai_routes.router)

@@ -7,6 +7,7 @@ TGI routes answer {"error", "error_type"}.
 from __future__ import annotations
 
 from fastapi import Request
+from pydantic import BaseModel
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -14,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    408: "request_timeout",
     404: "not_found_error",
     405: "invalid_request_error",
     413: "request_too_large",
@@ -22,8 +24,32 @@ ERROR_TYPES = {
     500: "internal_error",
     503: "service_unavailable",
 }
-TGI_ERROR_TYPES = {400: "validation", 401: "authentication", 404: "not_found", 413: "validation",
+TGI_ERROR_TYPES = {400: "validation", 401: "authentication", 404: "not_found", 408: "timeout", 413: "validation",
                    415: "validation", 429: "overloaded", 500: "generation", 503: "unavailable"}
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorBody(BaseModel):
+    error: OpenAIErrorDetail
+
+
+class TGIErrorBody(BaseModel):
+    error: str
+    error_type: str
+
+
+_STATUSES = (400, 401, 404, 408, 413, 429, 500, 503)
+OPENAI_ERROR_RESPONSES = {s: {"model": OpenAIErrorBody} for s in _STATUSES}  # for the OpenAPI document
+TGI_ERROR_RESPONSES = {s: {"model": TGIErrorBody} for s in _STATUSES}
+SSE_RESPONSE = {200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}}
+JSON_OR_SSE_RESPONSE = {200: {"content": {"application/json": {}, "text/event-stream": {}},
+                              "description": "JSON, or Server-Sent Events when the request streams"}}
 
 
 class APIError(Exception):

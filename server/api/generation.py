@@ -66,6 +66,11 @@ def encode_prompt(hosted: HostedModel, prompt: str | list[int], param: str = "pr
     if isinstance(prompt, str):
         if not prompt:
             raise APIError(400, "the prompt is empty", param=param, reason="invalid_request")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:  # JSON can carry lone surrogates (\ud800); text cannot
+            raise APIError(400, f"the prompt is not valid Unicode ({e.reason} at position {e.start})",
+                           param=param, reason="invalid_request") from None
         ids = hosted.tokenizer.encode(prompt)
     else:
         ids = list(prompt)

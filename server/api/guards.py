@@ -1,11 +1,13 @@
-"""Checks every request passes before any route runs: body size and API key.
+"""Checks every request passes before any route runs: API key, body size, body deadline.
 
-Pure ASGI middleware, so an oversized body is refused while it is still arriving,
-and a refused request never reaches a route.
+Pure ASGI middleware that reads the body itself, so an oversized body is refused while
+it is still arriving, a body dribbled in slowly (slow-loris) is cut off with 408, and a
+refused request never reaches a route.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 from starlette.responses import JSONResponse
@@ -24,14 +26,12 @@ def key_matches(given: str, keys: list[str]) -> bool:
     return matched
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class RequestGuard:
-    def __init__(self, app: ASGIApp, max_body_bytes: int, api_keys: list[str], on_reject=None):
+    def __init__(self, app: ASGIApp, max_body_bytes: int, api_keys: list[str], on_reject=None,
+                 body_timeout: float = 30.0):
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout  # a body still arriving after this long is a slow-loris: 408
         self.api_keys = api_keys
         self.on_reject = on_reject  # (path, status) for metrics
 
@@ -55,30 +55,33 @@ class RequestGuard:
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return await self._reject(scope, send, 413, f"request body over the limit of {self.max_body_bytes} bytes")
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        # Read the whole body here, under a size cap and a deadline, then hand it to the app in one piece.
+        body = bytearray()
+        deadline = asyncio.get_running_loop().time() + self.body_timeout
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except asyncio.TimeoutError:
+                return await self._reject(scope, send, 408, f"request body not received within {self.body_timeout:g} s")
+            if message["type"] == "http.disconnect":
+                return  # the client left before sending its request: nothing to answer
+            body += message.get("body", b"")
+            if len(body) > self.max_body_bytes:
+                return await self._reject(scope, send, 413, f"request body over the limit of {self.max_body_bytes} bytes")
+            if not message.get("more_body", False):
+                break
+        delivered = False
 
-        received = 0
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()  # afterwards: only a disconnect can come
 
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise BodyTooLarge()
-            return message
-
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await self._reject(scope, send, 413, f"request body over the limit of {self.max_body_bytes} bytes")
+        await self.app(scope, replay, send)
 
 
 async def _drain_receive() -> Message:

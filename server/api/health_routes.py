@@ -30,6 +30,7 @@ async def ready(http: Request):
     return {"status": "ready", "models": list(host.models)}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "Prometheus text format"}})
 async def metrics(http: Request):
     return Response(http.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

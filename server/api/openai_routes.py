@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from server.engine.outputs import CompletionOutput, TokenLogprob
 
-from .errors import APIError
+from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
 from .generation import (
     ENGINE_ERRORS,
     RequestTracker,
@@ -108,7 +108,7 @@ def _logprobs_block(tokenizer, entries: list[TokenLogprob | None], ids: list[int
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses={401: OPENAI_ERROR_RESPONSES[401]})
 async def list_models(http: Request):
     host = http.app.state.host
     return {"object": "list", "data": [
@@ -118,7 +118,7 @@ async def list_models(http: Request):
     ]}
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses={**OPENAI_ERROR_RESPONSES, **JSON_OR_SSE_RESPONSE})
 async def create_completion(request: CompletionRequest, http: Request):
     app = http.app.state
     hosted = resolve_model(http, request.model)

@@ -23,7 +23,7 @@ from server.hosting import HostedModel
 from server.sampling import SamplingParams
 from server.sampling.params import MAX_LOGPROBS
 
-from .errors import APIError
+from .errors import JSON_OR_SSE_RESPONSE, SSE_RESPONSE, TGI_ERROR_RESPONSES, APIError
 from .generation import (
     ENGINE_ERRORS,
     RequestTracker,
@@ -249,7 +249,7 @@ def _padded(entries: list[TokenLogprob] | None, length: int) -> list[TokenLogpro
 # ---- /generate -------------------------------------------------------------------------------
 
 
-@router.post("/generate")
+@router.post("/generate", responses=TGI_ERROR_RESPONSES)
 async def generate(request: GenerateRequest, http: Request):
     plan, stream, tracker = _start(request, http, stream=False)
     return await until_disconnected(http, _complete(plan, stream, tracker))
@@ -326,7 +326,7 @@ def _details(plan: _Plan, tokens: _Tokens, seq: _Sequence, prefill: list[dict]) 
 # ---- /generate_stream ------------------------------------------------------------------------
 
 
-@router.post("/generate_stream")
+@router.post("/generate_stream", responses={**TGI_ERROR_RESPONSES, **SSE_RESPONSE})
 async def generate_stream(request: GenerateRequest, http: Request):
     plan, stream, tracker = _start(request, http, stream=True)
     return StreamingResponse(_events(plan, stream, tracker), media_type="text/event-stream", headers=SSE_HEADERS)
@@ -392,7 +392,7 @@ def _final(plan: _Plan, tokens: _Tokens, engine_reason: str, token_ids: list[int
 # ---- / ---------------------------------------------------------------------------------------
 
 
-@router.post("/")
+@router.post("/", responses={**TGI_ERROR_RESPONSES, **JSON_OR_SSE_RESPONSE})
 async def compat_generate(request: CompatGenerateRequest, http: Request):
     """TGI's compatibility route: streams when the body says so; otherwise a one-element list, as
     api-inference answers (huggingface_hub's InferenceClient takes either shape)."""
