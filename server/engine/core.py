@@ -137,6 +137,7 @@ class EngineCore:
         result = self.runner.forward(batch.work, score_ids)
         self._record_prompt_logprobs(batch, result, seq_group)
         self.scheduler.commit(batch)
+        row_of = dict(result.last_row)  # seq_id -> its next-token logits row in this step
         for seq_id, row in result.last_row.items():
             for seq in seq_group[seq_id].seqs:
                 if seq.seq_id == seq_id:
@@ -144,7 +145,9 @@ class EngineCore:
         for group in touched.values():
             if not group.is_forked and group.seqs[0].logits is not None:
                 self._fork(group)
-        self._sample([g for g in touched.values() if not g.params.use_beam_search])
+                for child in group.seqs[1:]:  # samples of one prompt share its logits row
+                    row_of[child.seq_id] = row_of[group.seqs[0].seq_id]
+        self._sample([g for g in touched.values() if not g.params.use_beam_search], result.logits, row_of)
         for group in touched.values():
             if group.params.use_beam_search and all(s.logits is not None for s in group.seqs):
                 self._beam_step(group)
@@ -196,11 +199,13 @@ class EngineCore:
             self.cache.fork(parent.seq_id, child.seq_id)
             group.seqs.append(child)
 
-    def _sample(self, groups: list[SequenceGroup]) -> None:
+    def _sample(self, groups: list[SequenceGroup], step_logits: torch.Tensor, row_of: dict[int, int]) -> None:
+        """One token for every sampling sequence computed this step, all rows in one batched call."""
         seqs = [(g, s) for g in groups for s in g.seqs if s.logits is not None]
         if not seqs:
             return
-        logits = torch.stack([s.logits for _, s in seqs])
+        rows = torch.tensor([row_of[s.seq_id] for _, s in seqs], device=step_logits.device)
+        logits = step_logits.index_select(0, rows)
         sbatch = SamplingBatch.build(
             params=[g.params for g, _ in seqs],
             prompt_ids=[s.token_ids[: s.num_prompt_tokens] for _, s in seqs],
