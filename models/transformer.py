@@ -160,8 +160,7 @@ class Attention(nn.Module):
         q, k, v = self.project(x, rope)
         k_cache.view(-1, *k.shape[1:])[meta.slot_mapping] = k
         v_cache.view(-1, *v.shape[1:])[meta.slot_mapping] = v
-        keys = k_cache[meta.block_tables].flatten(1, 2)  # (B, max_blocks * block_size, KVH, hd)
-        values = v_cache[meta.block_tables].flatten(1, 2)
+        keys, values = meta.gather(k_cache, v_cache)  # (B, max_blocks * block_size, KVH, hd) each
         out = self.attend(meta.batch.pad(q), keys, values, mask=meta.mask)
         return self.out(meta.batch.unpad(out))
 
@@ -209,6 +208,20 @@ class PagedAttention:
     slot_mapping: torch.Tensor  # (T,) flat cache slot of each new token
     block_tables: torch.Tensor  # (B, max_blocks)
     mask: torch.Tensor  # (B, 1, max_query_len, max_blocks * block_size): key visible to query
+    _buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def gather(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sequence's keys and values, copied out of its blocks into buffers reused by every layer
+        (one allocation per step instead of two per layer: fresh large tensors cost page faults)."""
+        flat = self.block_tables.flatten()
+        if self._buffers is None:
+            shape = (flat.numel(), *k_cache.shape[1:])
+            self._buffers = (k_cache.new_empty(shape), v_cache.new_empty(shape))
+        keys, values = self._buffers
+        torch.index_select(k_cache, 0, flat, out=keys)
+        torch.index_select(v_cache, 0, flat, out=values)
+        batch = self.block_tables.shape[0]
+        return keys.view(batch, -1, *k_cache.shape[2:]), values.view(batch, -1, *v_cache.shape[2:])
 
     @classmethod
     def build(cls, batch: StepBatch, block_size: int) -> "PagedAttention":
