@@ -116,6 +116,7 @@ class GCNNLanguageModel(nn.Module):
         shape = (num_slots, c.n_convs, c.kernel_size - 1, c.d_model)
         return SlotState({"window": torch.zeros(shape, dtype=dtype or like.dtype, device=like.device)})
 
+    @torch.inference_mode()
     def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
         """Run the new tokens of each sequence after its window; slide the windows in place."""
         windows = state["window"][batch.slots]  # (B, n_convs, k-1, C)

@@ -72,6 +72,7 @@ class LSTMLanguageModel(nn.Module):
             "c": torch.zeros(shape, dtype=dtype, device=like.device),
         })
 
+    @torch.inference_mode()
     def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
         """Run the new tokens of each sequence from its slot; update the slots in place."""
         x = batch.pad(self.embed(batch.token_ids))  # (B, Q, E)

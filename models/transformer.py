@@ -286,6 +286,7 @@ class TransformerLanguageModel(nn.Module):
         like = self.embed.weight
         return PagedKVCache(c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim, dtype or like.dtype, like.device)
 
+    @torch.inference_mode()
     def step(self, batch: StepBatch, state: PagedKVCache) -> torch.Tensor:
         """Run the new tokens of each sequence against its cached K,V; write their K,V in place."""
         meta = PagedAttention.build(batch, state.block_size)
