@@ -8,6 +8,7 @@ import sys
 from models.checkpoint import CheckpointError, load_checkpoint
 from models.generate import generate
 
+from clients.bench.cli import add_bench_parser
 from clients.cli import add_client_parsers, run_guarded
 from server.config import add_serve_arguments, config_from_args
 
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate_parser(subparsers)
     _add_train_parser(subparsers)
     add_client_parsers(subparsers)
+    add_bench_parser(subparsers)
     return parser
 
 

@@ -60,25 +60,34 @@ def test_errors_carry_status_message_and_type(live_server):
 def test_retries_on_429_honouring_retry_after(tiny_checkpoints):
     server = LiveServer(tiny_checkpoints, "--max-queue", "1", "--max-num-seqs", "1")
     server.wait_ready()
+    stop = threading.Event()
+
+    def keep_busy():  # keeps one request running and one waiting until told to stop
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            while not stop.is_set():
+                c.post("/v1/completions", json={"model": "tiny-lstm", "prompt": "x", "max_tokens": 250,
+                                                "ignore_eos": True})
+
+    busy = [threading.Thread(target=keep_busy) for _ in range(3)]
     try:
-        busy = [threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/completions", timeout=60, json={
-            "model": "tiny-lstm", "prompt": "x", "max_tokens": 120, "ignore_eos": True})) for _ in range(2)]
         for t in busy:
             t.start()
         with Client(server.url, max_retries=0) as impatient:
-            for _ in range(50):
+            for _ in range(500):
                 try:
                     impatient.complete("x", model="tiny-lstm", max_tokens=1)
                 except QuillError as e:
-                    assert e.status == 429
+                    assert e.status == 429 and e.error_type == "rate_limit_error"
                     break
             else:
                 pytest.fail("the queue never filled")
-        with Client(server.url, max_retries=30) as patient:  # waits Retry-After (1 s) between tries
+        stop.set()  # the load drains; a patient client waits Retry-After (1 s) between tries and gets in
+        with Client(server.url, max_retries=30) as patient:
             assert patient.complete("x", model="tiny-lstm", max_tokens=2, ignore_eos=True).usage.completion_tokens == 2
-        for t in busy:
-            t.join()
     finally:
+        stop.set()
+        for t in busy:
+            t.join(timeout=60)
         server.stop()
 
 
@@ -107,3 +116,23 @@ def test_command_line_complete_and_compare(live_server):
     assert c.returncode == 0, c.stderr
     for name in ("tiny-transformer", "tiny-lstm", "tiny-gcnn", "greedy", "beam", "top-k", "top-p", "temperature"):
         assert name in c.stdout
+
+
+def test_retry_policy_waits_retry_after_and_gives_up(monkeypatch):
+    """The retry mechanics on a scripted transport: 429, 503, then success; never retries a 400."""
+    answers = iter([httpx.Response(429, headers={"Retry-After": "2"}, json={"error": {"message": "full"}}),
+                    httpx.Response(503, json={"error": {"message": "draining"}}),
+                    httpx.Response(200, json={"id": "c", "model": "m", "choices": [
+                        {"index": 0, "text": "ok", "finish_reason": "length"}]})])
+    waits = []
+    monkeypatch.setattr("clients.client.time.sleep", waits.append)
+    with Client("http://127.0.0.1:9", max_retries=3, backoff=0.1) as client:
+        client._http = httpx.Client(base_url="http://127.0.0.1:9", transport=httpx.MockTransport(lambda r: next(answers)))
+        assert client.complete("x").text == "ok"
+    assert waits[0] == 2.0 and 0.05 <= waits[1] <= 0.2  # Retry-After honoured, then backoff with jitter
+    with Client("http://127.0.0.1:9", max_retries=3) as client:
+        client._http = httpx.Client(base_url="http://127.0.0.1:9", transport=httpx.MockTransport(
+            lambda r: httpx.Response(400, json={"error": {"message": "bad", "type": "invalid_request_error"}})))
+        with pytest.raises(QuillError):
+            client.complete("x")
+    assert len(waits) == 2

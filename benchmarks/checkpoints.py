@@ -1,0 +1,99 @@
+"""The models the benchmark runs: a random GPT-2 saved as a Hugging Face directory, and the
+LSTM / gated-CNN defaults (bundled checkpoints when present, random weights otherwise).
+
+Throughput does not depend on what the weights are, only on their shapes, so random
+weights measure the same work as trained ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from models.checkpoint import BUNDLED_DIR, LoadedModel, load_checkpoint
+from models.registry import ARCHITECTURES
+from models.tokenizer import Tokenizer
+
+EOS = "<|endoftext|>"  # id 0: the first special token
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Used only when neither a bundled checkpoint nor the training recipes are there, and by --smoke.
+TINY_SHAPES = {
+    "lstm": dict(d_embed=16, d_hidden=24, n_layers=2, d_proj=16),
+    "gcnn": dict(d_embed=16, d_model=24, n_blocks=2, layers_per_block=2, kernel_size=3),
+}
+TINY_VOCAB = 300
+
+
+def build_tokenizer(vocab_size: int) -> HFTokenizer:
+    """A byte-level BPE trained in a fraction of a second on Quill's own source files.
+
+    Topped up with filler tokens to exactly `vocab_size`, so that every id a random model
+    can produce decodes to text, as every id of the real GPT-2 tokenizer does.
+    """
+    sources = sorted((REPO_ROOT / "models").glob("*.py")) + sorted((REPO_ROOT / "server").rglob("*.py"))
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator((p.read_text() for p in sources), trainer)
+    missing = vocab_size - tok.get_vocab_size()
+    if missing > 0:
+        tok.add_tokens([f"<filler{i}>" for i in range(missing)])
+    return tok
+
+
+def save_random_gpt2(directory: Path, config_kwargs: dict, seed: int = 0):
+    """Write a randomly initialised GPT2LMHeadModel + tokenizer.json; returns the HF model (eval mode).
+
+    The caller loads the same directory with `load_checkpoint`, so both sides run identical weights.
+    """
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(**config_kwargs, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = transformers.GPT2LMHeadModel(config).eval().requires_grad_(False)
+    # Never stop early: lengths must be exactly what each request asked for (Quill's ignore_eos).
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    directory = Path(directory)
+    model.save_pretrained(directory, safe_serialization=True)
+    build_tokenizer(config.vocab_size).save(str(directory / "tokenizer.json"))
+    return model
+
+
+def load_recurrent(architecture: str, kind: str) -> tuple[LoadedModel, str]:
+    """The LSTM or gated-CNN default as float32 on the CPU, and a line saying where it came from.
+
+    kind "default": the bundled checkpoint if it exists, else random weights of its recipe's shapes;
+    kind "tiny": tiny random weights (smoke runs).
+    """
+    name = f"shakespeare-{architecture}"
+    if kind == "default" and (BUNDLED_DIR / name).is_dir():
+        return load_checkpoint(name, device="cpu", dtype="float32"), f"bundled checkpoint {name}"
+    shapes, vocab_size, source = TINY_SHAPES[architecture], TINY_VOCAB, "tiny random weights"
+    if kind == "default":
+        try:  # the recipes the bundled checkpoints are trained from
+            from models.training.bpe import DEFAULT_VOCAB_SIZE
+            from models.training.recipes import get_recipe
+
+            shapes, vocab_size = dict(get_recipe(name).model), DEFAULT_VOCAB_SIZE
+            source = f"random weights with the shapes of {name} (no bundled checkpoint yet)"
+        except ImportError:
+            source = f"tiny random weights ({name} and its recipe are missing)"
+    config_cls, model_cls = ARCHITECTURES[architecture]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(vocab_size=vocab_size, **shapes)).eval().requires_grad_(False)
+    tokenizer = Tokenizer(build_tokenizer(vocab_size), eos_token_id=0)
+    loaded = LoadedModel(
+        name=name, path=Path(name), architecture=architecture, model=model, tokenizer=tokenizer,
+        eos_token_ids=[0], device=torch.device("cpu"), dtype=torch.float32,
+    )
+    return loaded, source

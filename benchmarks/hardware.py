@@ -1,0 +1,71 @@
+"""What machine ran the benchmark, and the two limits its figures are compared with.
+
+Peak FLOP/s and read bandwidth are measured in the same run as the engine, so a busy or
+throttled machine lowers the limits and the measured speeds together.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+
+def cpu_model_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def available_cores() -> int:
+    """Cores this process may run on (affinity-aware where the OS tells us)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def describe_machine() -> dict:
+    return {
+        "cpu": cpu_model_name(),
+        "cores": available_cores(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+    }
+
+
+def best_seconds(fn, repeats: int) -> float:
+    """Fastest of `repeats` timed calls, after one untimed call that warms caches and kernels."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@torch.inference_mode()
+def matmul_flops(n: int, repeats: int) -> float:
+    """FLOP/s of an n x n x n float32 matmul: the compute ceiling model FLOP utilization divides by."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    seconds = best_seconds(lambda: torch.matmul(a, b, out=out), repeats)
+    return 2 * n**3 / seconds
+
+
+@torch.inference_mode()
+def read_bandwidth(num_bytes: int, repeats: int) -> float:
+    """Bytes/s of summing a float32 tensor far larger than the caches: the floor of a weight-bound decode step."""
+    x = torch.ones(num_bytes // 4)
+    seconds = best_seconds(lambda: x.sum(), repeats)
+    return x.numel() * 4 / seconds

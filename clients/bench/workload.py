@@ -1,0 +1,164 @@
+"""What `quill bench` sends: the request mix, the prompts, and when each request leaves.
+
+Prompts are text, built without a tokenizer: words drawn (seeded) from a list of common
+Shakespearean words. The bench learns each model's tokens per word from one probe request
+(the server's `usage.prompt_tokens`), so `--prompt-len` is in tokens, approximately, for any
+tokenizer; the JSON records the exact counts the server reports.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+
+WORDS = (
+    "the and to of I you my a that in is not it me with for be his your this but he have as thou so him will what "
+    "thy all her no do by shall if are we thee on lord our king good now sir from come or well then let they would "
+    "love was more here there how her man which doth upon like hath one make say yet let us may must speak heart "
+    "night day death life blood time sweet fair gentle noble honour grace heaven earth father mother son brother "
+    "daughter queen prince duke crown sword war peace fear hope grief joy tears eyes hand tongue head soul mind "
+    "world nature fortune friend enemy master servant house court field sea sun moon stars fire air words name "
+    "truth faith heard know think see hear tell give take bring stand stay go fly rest sleep dream wake weep laugh "
+    "die live speak swear pray bid call send keep lose find seek fight kill save"
+).split()
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A decoding setting of the mix: client keyword options (see `clients.request.completion_body`)."""
+
+    name: str
+    options: dict = field(hash=False)
+
+    @property
+    def answers_at_end(self) -> bool:
+        """Beam search streams nothing until it finishes, so it has no first-token or inter-token times."""
+        return "beam_width" in self.options
+
+
+# Fixed names; `beamK` (width K) and `nK` (K samples at temperature 1) are parsed from the name.
+NAMED_STRATEGIES = {
+    "greedy": dict(temperature=0),
+    "sample": dict(temperature=1.0),
+    "temperature": dict(temperature=0.7),
+    "top_k": dict(temperature=1.0, top_k=40),
+    "top_p": dict(temperature=1.0, top_p=0.9),
+    "min_p": dict(temperature=1.0, min_p=0.05),
+    "beam": dict(beam_width=4),
+}
+
+
+def strategy(name: str) -> Strategy:
+    if name in NAMED_STRATEGIES:
+        return Strategy(name, dict(NAMED_STRATEGIES[name]))
+    if m := re.fullmatch(r"beam(\d+)", name):
+        return Strategy(name, dict(beam_width=int(m[1])))
+    if m := re.fullmatch(r"n(\d+)", name):
+        return Strategy(name, dict(temperature=1.0, n=int(m[1])))
+    raise ValueError(f"unknown decoding strategy {name!r} (known: {', '.join(NAMED_STRATEGIES)}, beamK, nK)")
+
+
+def parse_mix(text: str) -> list[tuple[Strategy, float]]:
+    """'greedy=0.4,top_p=0.3,beam=0.1,n2=0.2' -> strategies with weights summing to 1 (a bare name weighs 1)."""
+    mix = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, weight = part.partition("=")
+        try:
+            w = float(weight) if sep else 1.0
+        except ValueError:
+            raise ValueError(f"--mix: weight of {name!r} is not a number: {weight!r}") from None
+        if w < 0:
+            raise ValueError(f"--mix: weight of {name!r} is negative")
+        mix.append((strategy(name.strip()), w))
+    total = sum(w for _, w in mix)
+    if not mix or total <= 0:
+        raise ValueError(f"--mix needs at least one strategy with a positive weight, got {text!r}")
+    return [(s, w / total) for s, w in mix]
+
+
+def parse_range(text: str, name: str) -> tuple[int, int]:
+    """'64' -> (64, 64); '32:128' -> (32, 128), drawn uniformly, both ends included."""
+    low, sep, high = text.partition(":")
+    try:
+        lo, hi = int(low), int(high) if sep else int(low)
+    except ValueError:
+        raise ValueError(f"{name} must be N or LOW:HIGH, got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"{name} must satisfy 1 <= LOW <= HIGH, got {text!r}")
+    return lo, hi
+
+
+@dataclass
+class WorkloadSpec:
+    num_requests: int = 64
+    prompt_len: tuple[int, int] = (32, 128)  # tokens, approximately (see the module docstring)
+    max_tokens: tuple[int, int] = (16, 128)
+    mix: list[tuple[Strategy, float]] = field(default_factory=lambda: parse_mix("greedy"))
+    models: list[str] = field(default_factory=list)  # requests go round-robin over these
+    rate: float | None = None  # requests/s, Poisson arrivals; None: all due at once (fixed concurrency)
+    stream: bool = True
+    ignore_eos: bool = True  # so that every request generates exactly its max_tokens
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.num_requests < 1:
+            raise ValueError("--num-requests must be at least 1")
+        if self.rate is not None and self.rate <= 0:
+            raise ValueError("--rate must be positive")
+
+    def describe(self) -> dict:
+        return {
+            "num_requests": self.num_requests, "prompt_len": list(self.prompt_len), "max_tokens": list(self.max_tokens),
+            "mix": {s.name: round(w, 6) for s, w in self.mix}, "models": self.models, "rate": self.rate,
+            "stream": self.stream, "ignore_eos": self.ignore_eos, "seed": self.seed,
+            "prompts": "seeded random Shakespearean words; lengths in tokens via each model's tokens-per-word",
+        }
+
+
+@dataclass
+class BenchRequest:
+    index: int
+    model: str
+    prompt: str
+    target_prompt_tokens: int
+    max_tokens: int
+    strategy: Strategy
+    send_at: float  # seconds after the start of the run (0 for all under fixed concurrency)
+    seed: int
+
+    def options(self, ignore_eos: bool) -> dict:
+        """Keyword options for `completion_body`."""
+        extra = {} if "beam_width" in self.strategy.options else {"seed": self.seed}
+        return dict(model=self.model, max_tokens=self.max_tokens, ignore_eos=ignore_eos or None,
+                    **self.strategy.options, **extra)
+
+
+def make_prompt(rng: random.Random, num_words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(max(1, num_words)))
+
+
+def build_requests(
+    spec: WorkloadSpec, tokens_per_word: dict[str, float], max_model_len: dict[str, int], salt: int = 0
+) -> list[BenchRequest]:
+    """The whole workload, reproducible from `spec.seed` (and `salt`, which warm-up requests change).
+
+    A request that would not fit its model's context gets a shorter prompt, then fewer new tokens.
+    """
+    rng = random.Random(spec.seed * 1_000_003 + salt)
+    strategies, weights = zip(*spec.mix)
+    clock, requests = 0.0, []
+    for i in range(spec.num_requests):
+        model = spec.models[i % len(spec.models)]
+        limit = max_model_len[model]
+        max_tokens = min(rng.randint(*spec.max_tokens), max(1, limit // 2))
+        prompt_tokens = max(1, min(rng.randint(*spec.prompt_len), limit - max_tokens - 2))
+        # Under-shoot the word count a little: the tokens-per-word ratio is an average.
+        words = max(1, int(prompt_tokens / tokens_per_word[model] * 0.9))
+        if spec.rate is not None:
+            clock += rng.expovariate(spec.rate)
+        requests.append(BenchRequest(
+            i, model, make_prompt(rng, words), prompt_tokens, max_tokens, rng.choices(strategies, weights)[0],
+            clock if spec.rate is not None else 0.0, spec.seed * 100_000 + i,
+        ))
+    return requests

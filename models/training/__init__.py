@@ -1,0 +1,1 @@
+"""Training pipeline behind `quill train`: corpus, tokenizer, bigram baseline, trainer, recipes."""

@@ -1,0 +1,207 @@
+"""`quill bench` against a real server on tiny models: the JSON, the plots, the baselines. No performance asserts."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from clients.bench.context_sweep import verdict
+from clients.bench.report import distribution, percentile
+from clients.bench.target import require_loopback
+from clients.bench.workload import WorkloadSpec, build_requests, parse_mix, parse_range
+from quill.cli import main
+from tests.conftest import build_tiny_model
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# Tiny everything: the tiny transformer's context is 64 tokens and its tokenizer splits words finely.
+SMALL = ["--prompt-len", "4:12", "--max-tokens", "3:8", "--warmup", "1", "--no-progress"]
+
+
+def bench(tmp_path, url: str, *flags: str) -> tuple[int, dict]:
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--url", url, "--out", str(out), *SMALL, *flags])
+    return code, json.loads(out.read_text())
+
+
+# ---- unit: no server ---------------------------------------------------------------
+
+def test_percentiles_on_a_known_sample():
+    sample = [float(v) for v in range(1, 101)]  # 1..100
+    random.Random(0).shuffle(sample)
+    assert percentile(sample, 50) == pytest.approx(50.5)
+    assert percentile(sample, 90) == pytest.approx(90.1)
+    assert percentile(sample, 99) == pytest.approx(99.01)
+    assert percentile(sample, 0) == 1.0 and percentile(sample, 100) == 100.0
+    assert percentile([3.0], 99) == 3.0 and percentile([], 50) is None
+    d = distribution([0.1, 0.2, 0.3, 0.4])
+    assert d["count"] == 4 and d["mean"] == pytest.approx(0.25) and d["p50"] == pytest.approx(0.25)
+    assert d["p90"] == pytest.approx(0.37)
+
+
+def test_mix_and_ranges_parse():
+    mix = dict((s.name, w) for s, w in parse_mix("greedy=0.4,top_p=0.3,beam=0.1,n2=0.2"))
+    assert mix == pytest.approx({"greedy": 0.4, "top_p": 0.3, "beam": 0.1, "n2": 0.2})
+    assert dict((s.name, s.options["n"]) for s, _ in parse_mix("n3")) == {"n3": 3}
+    assert parse_range("64", "x") == (64, 64) and parse_range("32:128", "x") == (32, 128)
+    for bad in ("0", "9:3", "a:b"):
+        with pytest.raises(ValueError):
+            parse_range(bad, "x")
+    with pytest.raises(ValueError):
+        parse_mix("nucleus=1")
+
+
+def test_workload_is_reproducible_and_fits_the_context():
+    spec = WorkloadSpec(num_requests=50, prompt_len=(10, 60), max_tokens=(5, 40), models=["a", "b"], rate=4.0, seed=3)
+    one = build_requests(spec, {"a": 1.0, "b": 2.0}, {"a": 64, "b": 4096})
+    two = build_requests(spec, {"a": 1.0, "b": 2.0}, {"a": 64, "b": 4096})
+    assert [(r.prompt, r.max_tokens, r.send_at) for r in one] == [(r.prompt, r.max_tokens, r.send_at) for r in two]
+    assert [r.model for r in one[:4]] == ["a", "b", "a", "b"]
+    assert all(r.target_prompt_tokens + r.max_tokens <= 64 for r in one if r.model == "a")
+    assert all(b.send_at >= a.send_at for a, b in zip(one, one[1:])) and one[-1].send_at > 0
+
+
+def test_context_verdict_compares_the_curve_with_theory():
+    def points(ms):
+        return [{"context": c, "ms_per_token": m} for c, m in zip([16, 64, 256, 1024], ms)]
+
+    flat, rising = points([2.0, 2.1, 1.9, 2.05]), points([2.0, 2.2, 2.9, 5.0])
+    assert verdict("lstm", flat, 0.15)["agrees"] is True
+    assert verdict("gcnn", rising, 0.15)["agrees"] is False
+    good = verdict("transformer", rising, 0.15)
+    assert good["agrees"] is True and good["growth"] > 1 and "as theory says" in good["text"]
+    assert verdict("transformer", flat, 0.15)["agrees"] is False
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1:8000", "http://example.com", "https://192.168.1.5"])
+def test_non_loopback_url_is_refused(url, tmp_path, capsys):
+    with pytest.raises(ValueError, match="--allow-remote"):
+        require_loopback(url, allow_remote=False)
+    require_loopback(url, allow_remote=True)
+    assert main(["bench", "--url", url, "--out", str(tmp_path / "x.json")]) == 2
+    assert "not a loopback address" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+    for ok in ("http://127.0.0.1:8000", "http://localhost:1", "http://[::1]:8000"):
+        require_loopback(ok, allow_remote=False)
+
+
+# ---- against a live server -----------------------------------------------------------
+
+SUMMARY_FIELDS = {"request_throughput", "output_token_throughput", "ttft_s", "itl_s", "tpot_s", "e2e_s",
+                  "errors_by_status", "num_ok", "num_sent", "duration_s", "by_strategy", "by_model"}
+
+
+def test_fixed_concurrency_run_writes_the_json(live_server, tmp_path, capsys):
+    code, result = bench(tmp_path, live_server.url, "--num-requests", "8", "--concurrency", "3",
+                         "--mix", "greedy=0.4,top_p=0.3,beam=0.1,n2=0.2", "--seed", "1")
+    assert code == 0
+    assert {"machine", "workload", "runs", "models", "tokens_per_word"} <= set(result)
+    assert result["machine"]["cores"] >= 1 and result["machine"]["cpu"]
+    (run,) = result["runs"]
+    s = run["summary"]
+    assert SUMMARY_FIELDS <= set(s)
+    assert s["num_ok"] == 8 and s["errors_by_status"] == {} and s["concurrency"] == 3
+    for key in ("ttft_s", "itl_s", "e2e_s"):
+        assert {"p50", "p90", "p99", "mean", "count"} <= set(s[key]) and s[key]["count"] > 0
+        assert 0 < s[key]["p50"] <= s[key]["p90"] <= s[key]["p99"]
+    assert s["request_throughput"] > 0 and s["output_token_throughput"] > 0
+    assert {r["model"] for r in run["requests"]} == {"tiny-transformer", "tiny-lstm", "tiny-gcnn"}
+    # exactly max_tokens per choice (ignore_eos), counted from the server's usage
+    spec = result["workload"]
+    assert all(spec["max_tokens"][0] <= r["completion_tokens"] for r in run["requests"])
+    out = capsys.readouterr().out
+    assert "time to first token" in out and "errors: none" in out
+
+
+def test_poisson_run(live_server, tmp_path):
+    code, result = bench(tmp_path, live_server.url, "--num-requests", "6", "--rate", "20", "--model", "tiny-lstm",
+                         "--mix", "greedy,sample", "--no-stream")
+    assert code == 0
+    s = result["runs"][0]["summary"]
+    assert s["rate"] == 20 and s["concurrency"] is None
+    assert s["num_ok"] == 6 and s["errors_by_status"] == {}
+    assert s["ttft_s"]["count"] == 0 and s["e2e_s"]["count"] == 6  # not streamed: end to end only
+    starts = [r["start_s"] for r in result["runs"][0]["requests"]]
+    assert starts == sorted(starts) and starts[-1] > 0
+
+
+def test_duration_cap_stops_the_run(live_server, tmp_path):
+    code, result = bench(tmp_path, live_server.url, "--num-requests", "50", "--rate", "2", "--duration", "1",
+                         "--model", "tiny-gcnn", "--mix", "greedy")
+    s = result["runs"][0]["summary"]
+    assert code == 0 and s["hit_duration_cap"] and s["num_sent"] < 50 and s["num_not_sent"] > 0
+
+
+def test_sweep_writes_png_plots(live_server, tmp_path):
+    code, result = bench(tmp_path, live_server.url, "--num-requests", "4", "--sweep", "1,2", "--model", "tiny-gcnn",
+                         "--mix", "greedy=0.5,top_k=0.5")
+    assert code == 0
+    assert [r["summary"]["concurrency"] for r in result["runs"]] == [1, 2]
+    names = {p.rsplit("/", 1)[-1] for p in result["plots"]}
+    assert names == {"throughput_vs_concurrency.png", "latency_vs_concurrency.png", "ttft_distribution.png"}
+    for path in result["plots"]:
+        with open(path, "rb") as f:
+            assert f.read(8) == PNG_MAGIC
+
+
+def test_context_sweep_table(live_server, tmp_path, capsys):
+    code, result = bench(tmp_path, live_server.url, "--context-sweep", "--context-lengths", "4,8,16,1000",
+                         "--context-decode-tokens", "4", "--context-repeats", "1")
+    assert code == 0
+    sweep = result["context_sweep"]["models"]
+    assert set(sweep) == {"tiny-transformer", "tiny-lstm", "tiny-gcnn"}
+    # The transformer's context (64 tokens) caps its lengths; the recurrent models take them all.
+    assert [p["target"] for p in sweep["tiny-lstm"]["points"]] == [4, 8, 16, 1000]
+    assert max(p["target"] for p in sweep["tiny-transformer"]["points"]) <= 64 - 4
+    for model in sweep.values():
+        assert all(p["ms_per_token"] > 0 and p["num_gaps"] > 0 for p in model["points"])
+        assert model["expected"] in ("flat", "grows") and model["text"]
+    out = capsys.readouterr().out
+    assert "ms/token" in out and "tiny-lstm (lstm):" in out and "theory" in out
+    with open(result["plots"][0], "rb") as f:
+        assert f.read(8) == PNG_MAGIC
+
+
+def test_baseline_hf_on_a_tiny_transformer(live_server, tiny_checkpoints, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    code, result = bench(tmp_path, live_server.url, "--num-requests", "6", "--concurrency", "3",
+                         "--mix", "greedy=0.5,top_p=0.25,beam=0.25", "--baseline", "hf",
+                         "--baseline-checkpoint", tiny_checkpoints["tiny-transformer"],
+                         "--baseline-serial-requests", "3")
+    assert code == 0
+    b = result["baseline"]
+    assert b["hf_model"].startswith("GPT2LMHeadModel") and b["max_logit_difference"] < 1e-4
+    assert {r["model"] for r in result["runs"][0]["requests"]} == {"tiny-transformer"}
+    assert set(b["ratios"]) >= {"http_vs_engine", "http_vs_hf_serial", "http_vs_hf_static"}
+    assert all(v > 0 for v in b["ratios"].values())
+    assert "http_cost_ms_per_token" in b
+    out = capsys.readouterr().out
+    assert "HF generate, one at a time" in out and "HTTP layer:" in out
+
+
+@pytest.mark.parametrize("key, hf_class", [("transformer-llama", "LlamaForCausalLM"),
+                                            ("transformer-gpt2", "GPT2LMHeadModel")])
+def test_our_transformers_rebuild_as_their_transformers_class(key, hf_class, tiny_tokenizer, tmp_path):
+    pytest.importorskip("transformers")
+    import torch
+
+    from clients.bench.baseline_hf import hf_model_for, max_logit_difference
+    from models.checkpoint import load_checkpoint, save_checkpoint
+
+    arch, model = build_tiny_model(key, tiny_tokenizer.vocab_size)
+    with torch.no_grad():  # norms at 1 and biases at 0 would hide a mix-up of those tensors
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    loaded = load_checkpoint(save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32), device="cpu")
+    hf, how = hf_model_for(loaded)
+    assert type(hf).__name__ == hf_class and "rebuilt" in how
+    assert max_logit_difference(loaded, hf, length=20) < 1e-4
+
+
+def test_baseline_refuses_a_recurrent_only_workload(live_server, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", "--url", live_server.url, "--out", str(out), *SMALL, "--model", "tiny-lstm",
+                 "--baseline", "hf"]) == 2
+    assert "needs a Transformer" in capsys.readouterr().err
