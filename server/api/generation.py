@@ -39,6 +39,10 @@ def resolve_model(http: Request, name: str | None) -> HostedModel:
     if hosted is None:
         raise APIError(404, f"the model {name!r} does not exist; hosted models: {', '.join(state.host.models)}",
                        param="model", code="model_not_found", reason="unknown_model")
+    limit = hosted.engine.config.scheduler.max_queue
+    if hosted.engine.num_pending >= limit:  # cheapest check first: an overloaded server refuses at once
+        raise APIError(429, f"the queue is full ({limit} requests waiting); retry shortly",
+                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)}, reason="queue_full")
     return hosted
 
 

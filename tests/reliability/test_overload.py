@@ -29,13 +29,26 @@ def test_overload_is_refused_fast_and_admitted_requests_finish(tiny_checkpoints)
                                                           "max_tokens": 60, "ignore_eos": True})
                 return r.status_code, time.monotonic() - start, r.headers.get("Retry-After")
 
-            results = []
+            async def probe():  # while the queue is full: how long one excess request takes to be refused
+                await asyncio.sleep(0.3)
+                times = []
+                for _ in range(15):
+                    start = time.monotonic()
+                    r = await c.post("/v1/completions", json={"model": "tiny-lstm", "prompt": "x", "max_tokens": 2})
+                    if r.status_code == 429:
+                        times.append(time.monotonic() - start)
+                return times
+
+            results, probes = [], []
             for wave in range(3):  # three bursts of 60: about five times what the queue and batch hold
-                results += await asyncio.gather(*(one(wave * 100 + i) for i in range(60)))
-            return results, await wait_idle(c)
+                burst = asyncio.gather(*(one(wave * 100 + i) for i in range(60)))
+                results_wave, probe_times = await asyncio.gather(burst, probe())
+                results += results_wave
+                probes += probe_times
+            return results, probes, await wait_idle(c)
 
     try:
-        results, leftover = asyncio.run(main())
+        results, probes, leftover = asyncio.run(main())
         rss_after = rss_mib(server.process.pid)
     finally:
         server.stop()
@@ -44,12 +57,11 @@ def test_overload_is_refused_fast_and_admitted_requests_finish(tiny_checkpoints)
     assert {s for s, _, _ in results} <= {200, 429}
     assert len(refused) > 60 and len(admitted) >= 12
     assert all(ra == "1" for _, ra in refused)
-    refused_median = statistics.median(t for t, _ in refused)
-    admitted_median = statistics.median(admitted)
-    print(f"median latency: refused {refused_median * 1000:.0f} ms, admitted {admitted_median * 1000:.0f} ms")
-    # Refused at once, not after waiting in line. The bound is loose because this 2-core machine runs the
-    # 180 clients in the same test; the load generator measures it properly (see the closing notes).
-    assert refused_median < min(2.0, admitted_median / 3)
+    probe_median = statistics.median(probes)
+    print(f"median latency: refusal of a request while the queue is full {probe_median * 1000:.1f} ms, "
+          f"refusals inside a burst of 60 {statistics.median(t for t, _ in refused) * 1000:.0f} ms, "
+          f"admitted requests {statistics.median(admitted) * 1000:.0f} ms")
+    assert len(probes) >= 20 and probe_median < 0.05  # an excess request is refused in milliseconds
     assert max(admitted) < 30  # admitted requests finish in bounded time
     assert all(v == 0 for v in leftover.values())
     assert rss_after < rss_before + 200
