@@ -6,30 +6,12 @@ throttled machine lowers the limits and the measured speeds together.
 
 from __future__ import annotations
 
-import os
 import platform
 import time
-from pathlib import Path
 
 import torch
 
-
-def cpu_model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def available_cores() -> int:
-    """Cores this process may run on (affinity-aware where the OS tells us)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
+from models.training.machine import available_cores, cpu_model_name
 
 
 def describe_machine() -> dict:
