@@ -191,9 +191,10 @@ def _train(
             refresh=False,
         )
 
-    torch.set_num_threads(tuner.chosen)
-    validation_ppl = evaluate()
-    history.append((step, validation_ppl))
+    if not history or history[-1][0] != step:  # the clock may stop a run right after an evaluation
+        torch.set_num_threads(tuner.chosen)
+        validation_ppl = evaluate()
+        history.append((step, validation_ppl))
     bar.set_postfix(val_ppl=f"{validation_ppl:.1f}")
     bar.close()
     return TrainingRecord(
