@@ -74,7 +74,8 @@ def format_baseline(b: dict) -> str:
     rows = [
         (f"Quill over HTTP, concurrency {c}", b["http"]["output_token_throughput"]),
         (f"Quill engine in-process, {c} at a time", b["engine_in_process"]["output_token_throughput"]),
-        (f"HF generate, one at a time ({b['hf_serial']['num_requests']} req)", b["hf_serial"]["output_token_throughput"]),
+        (f"HF generate, one at a time ({b['hf_serial']['num_requests']} req)",
+         b["hf_serial"]["output_token_throughput"]),
         (f"HF generate, static batches of {b['hf_static_batches']['batch_size']}",
          b["hf_static_batches"]["output_token_throughput"]),
     ]

@@ -124,7 +124,8 @@ def hf_model_for(loaded: LoadedModel):
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [m for m in missing if m != "lm_head.weight" or not c.tie_embeddings]
     if missing or unexpected:
-        raise ValueError(f"rebuilding {loaded.path} as {type(model).__name__}: missing {missing}, unexpected {unexpected}")
+        raise ValueError(f"rebuilding {loaded.path} as {type(model).__name__}: "
+                         f"missing {missing}, unexpected {unexpected}")
     if c.tie_embeddings:
         model.tie_weights()
     model = model.to(device=loaded.device, dtype=loaded.dtype).eval().requires_grad_(False)
@@ -178,7 +179,8 @@ def run_serial(model, items: list[BaselineItem], ignore_eos: bool, pad_id: int) 
         _generate(model, [item.prompt_ids], generate_kwargs(item.options, item.max_tokens, ignore_eos), pad_id)
     seconds = time.perf_counter() - start
     tokens = sum(i.max_tokens * i.num_returned for i in items)
-    return {"num_requests": len(items), "output_tokens": tokens, "seconds": seconds, "output_token_throughput": tokens / seconds}
+    return {"num_requests": len(items), "output_tokens": tokens, "seconds": seconds,
+            "output_token_throughput": tokens / seconds}
 
 
 def run_static_batches(model, items: list[BaselineItem], batch_size: int, ignore_eos: bool, pad_id: int) -> dict:

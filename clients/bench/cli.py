@@ -115,8 +115,9 @@ def _baseline_target(args, models) -> tuple:
 
 
 def _title(spec: WorkloadSpec, machine: dict) -> str:
-    return (f"{', '.join(spec.models)}; {spec.num_requests} requests, prompt {spec.prompt_len[0]}-{spec.prompt_len[1]}, "
-            f"max_tokens {spec.max_tokens[0]}-{spec.max_tokens[1]}\n{machine['cpu']}, {machine['cores']} cores")
+    return (f"{', '.join(spec.models)}; {spec.num_requests} requests, "
+            f"prompt {spec.prompt_len[0]}-{spec.prompt_len[1]}, max_tokens {spec.max_tokens[0]}-{spec.max_tokens[1]}"
+            f"\n{machine['cpu']}, {machine['cores']} cores")
 
 
 def _run_context_sweep(args, models, per_word, payload, plot_dir: Path) -> None:

@@ -28,7 +28,8 @@ DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 THEORY = {
     "lstm": ("flat", "an LSTM step is O(N D^2) whatever the context (section 3.2)"),
     "gcnn": ("flat", "a gated-CNN step reads a fixed window of k-1 inputs per layer, O(L K D^2) (section 4.2)"),
-    "transformer": ("grows", "a Transformer step attends over all T cached keys, O(L T D) more per token (section 5.2)"),
+    "transformer": ("grows",
+                    "a Transformer step attends over all T cached keys, O(L T D) more per token (section 5.2)"),
 }
 
 

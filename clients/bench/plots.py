@@ -106,13 +106,14 @@ def context_sweep_plot(curves: dict[str, list[dict]], path: str | Path, title: s
     """Per-token decode latency against context length; one line per model, a band from p10 to p90."""
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    lengths = sorted({p["context"] for points in curves.values() for p in points})
+    contexts = [p["context"] for points in curves.values() for p in points]
     for label, points in curves.items():
         xs = [p["context"] for p in points]
         ax.plot(xs, [p["ms_per_token"] for p in points], "o-", label=label)
         ax.fill_between(xs, [p["p10_ms"] for p in points], [p["p90_ms"] for p in points], alpha=0.15)
-    if lengths:
-        _log2_x(ax, lengths)
+    if contexts:  # ticks at powers of two: the measured contexts differ a little between models
+        low, high = max(1, min(contexts)).bit_length() - 1, max(contexts).bit_length()
+        _log2_x(ax, [2**k for k in range(low, high + 1)])
     ax.set_xlabel("context length (tokens in the prompt)")
     ax.set_ylabel("decode ms per token (median inter-token gap)")
     ax.set_ylim(bottom=0)
