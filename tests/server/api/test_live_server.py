@@ -91,13 +91,14 @@ def test_metrics_pass_promtool(live_server):
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_checkpoints):
-    server = LiveServer(tiny_checkpoints, "--drain-seconds", "60")  # generous: this machine may be busy
+    # Long requests (so the drain is observable even on an idle machine) and a generous drain period.
+    server = LiveServer(tiny_checkpoints, "--drain-seconds", "60", "--max-tokens-limit", "2000")
     server.wait_ready()
     results = {}
 
     def long_request(i):
         r = httpx.post(f"{server.url}/v1/completions", timeout=30, json={
-            "model": "tiny-lstm", "prompt": "To be", "max_tokens": 150, "n": 2, "ignore_eos": True})
+            "model": "tiny-lstm", "prompt": "To be", "max_tokens": 1500, "n": 2, "ignore_eos": True})
         results[i] = r.status_code, (r.json() if r.status_code == 200 else r.text)
 
     workers = [threading.Thread(target=long_request, args=(i,)) for i in range(4)]
@@ -117,5 +118,5 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_checkpoints):
     assert still_running > 0, "the requests finished before the drain could be observed"
     assert ready.status_code == 503 and refused.status_code == 503
     for status, body in results.values():  # in-flight requests ran to the end
-        assert status == 200 and body["usage"]["completion_tokens"] == 2 * 150
+        assert status == 200 and body["usage"]["completion_tokens"] == 2 * 1500
     assert len(results) == 4 and server.process.returncode == 0
