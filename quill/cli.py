@@ -6,20 +6,20 @@ import argparse
 import sys
 
 from models.checkpoint import CheckpointError, load_checkpoint
-from models.generate import generate
 
 from clients.bench.cli import add_bench_parser
 from clients.cli import add_client_parsers, run_guarded
 from server.config import add_serve_arguments, config_from_args
+from server.engine.offline import generate
+from server.sampling import SamplingParams
 
 
 def _generate(args: argparse.Namespace) -> int:
     loaded = load_checkpoint(args.model, device=args.device, dtype=args.dtype)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k or -1,
+                            seed=args.seed, ignore_eos=args.ignore_eos)
     sys.stdout.write(args.prompt)
-    for delta in generate(
-        loaded, args.prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
-        ignore_eos=args.ignore_eos,
-    ):
+    for delta in generate(loaded, args.prompt, params):
         sys.stdout.write(delta)
         sys.stdout.flush()
     sys.stdout.write("\n")

@@ -67,12 +67,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
     arg("--host", str, d.host, "address to listen on")
     arg("--port", int, d.port, "port to listen on")
-    env_models = _env("model", None)
-    p.add_argument(
-        "--model", dest="models", action="append", default=env_models.split(",") if env_models else None,
-        help="NAME=PATH or PATH of a checkpoint directory; repeat for several models; the first is the default "
-             "(env QUILL_MODEL, comma-separated; default: the three bundled models)",
-    )
+    def repeated(flag, dest, help_):
+        """A repeatable flag whose environment variable holds a comma-separated list."""
+        name = flag.lstrip("-").replace("-", "_")
+        env = _env(name, None)
+        p.add_argument(flag, dest=dest, action="append", default=env.split(",") if env else None,
+                       help=f"{help_} (env QUILL_{name.upper()}, comma-separated)")
+
+    repeated("--model", "models", "NAME=PATH or PATH of a checkpoint directory; repeat for several models; "
+                                  "the first is the default (default: the three bundled models)")
     arg("--device", str, d.device, "auto | cpu | cuda")
     arg("--dtype", str, d.dtype, "auto | float32 | bfloat16 | float16")
     arg("--max-num-seqs", int, d.max_num_seqs, "sequences running at once per model")
@@ -81,11 +84,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     arg("--cache-bytes", int, d.cache_bytes, "K,V cache reserved per Transformer model, in bytes")
     arg("--block-size", int, d.block_size, "tokens per cache block and prefix-cache granularity")
     arg("--max-model-len", int, d.max_model_len, "longest prompt + completion, in tokens")
-    env_keys = _env("api_key", None)
-    p.add_argument(
-        "--api-key", dest="api_keys", action="append", default=env_keys.split(",") if env_keys else None,
-        help="require this bearer token (repeat for several; env QUILL_API_KEY, comma-separated)",
-    )
+    repeated("--api-key", "api_keys", "require this bearer token (repeat for several)")
     arg("--max-body-bytes", int, d.max_body_bytes, "largest request body accepted")
     arg("--body-timeout", float, d.body_timeout, "seconds a request body may take to arrive (then 408)")
     arg("--max-n", int, d.max_n, "largest n / best_of")

@@ -284,9 +284,9 @@ class EngineCore:
             if group.seqs or group.beam is None:
                 return None  # beam search answers once, at the end
             outs = []
+            eos = set(self.loaded.eos_token_ids)
             for i, hyp in enumerate(group.beam.finished[: params.n]):
                 ids = hyp.token_ids
-                eos = set(self.loaded.eos_token_ids)
                 text_ids = ids[:-1] if ids and ids[-1] in eos and not params.ignore_eos else ids
                 finish = "stop" if len(text_ids) < len(ids) else "length"
                 outs.append(CompletionOutput(i, self.tokenizer.decode(text_ids), ids, None, finish, hyp.sum_logprob, hyp.score))
