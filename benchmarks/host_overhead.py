@@ -1,0 +1,89 @@
+"""Per-step host overhead of the engine: a decode step's wall time with a model that computes nothing.
+
+    python -m benchmarks.host_overhead                    # 256 running sequences, greedy and sampled
+    python -m benchmarks.host_overhead --seqs 64 --steps 100 --vocab 32000
+
+The model is `models.scripted.ScriptedModel` (next-token logits looked up from a table), so what
+a step costs is the engine's own work: scheduling, cache bookkeeping, building the step's inputs,
+sampling over a small vocabulary, stop rules, detokenization and the per-request outputs. That is
+the part of every real step that a GPU cannot speed up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from models.checkpoint import LoadedModel
+from models.scripted import ScriptedConfig, ScriptedModel
+from models.tokenizer import Tokenizer
+from server.engine.core import CacheConfig, EngineConfig, EngineCore
+from server.engine.scheduler import SchedulerConfig
+from server.sampling import SamplingParams
+
+from .checkpoints import build_tokenizer
+from .hardware import describe_machine
+
+SETTINGS = {
+    "greedy": dict(temperature=0.0),
+    "sampled": dict(temperature=0.8, top_p=0.9, top_k=50),
+}
+
+
+def scripted_engine(num_seqs: int, vocab_size: int, state_kind: str) -> EngineCore:
+    tokenizer = Tokenizer(build_tokenizer(vocab_size), eos_token_id=0)
+    model = ScriptedModel(ScriptedConfig(vocab_size=vocab_size, state_kind=state_kind)).eval()
+    loaded = LoadedModel(name="scripted", path=Path("scripted"), architecture="scripted", model=model,
+                         tokenizer=tokenizer, eos_token_ids=[0], device=torch.device("cpu"), dtype=torch.float32)
+    config = EngineConfig(SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=8192, max_queue=num_seqs),
+                          CacheConfig(num_blocks=num_seqs * 64))
+    return EngineCore(loaded, config)
+
+
+def measure(num_seqs: int, steps: int, vocab_size: int, setting: str, state_kind: str = "paged_kv") -> dict:
+    """Median wall time of a decode step with `num_seqs` sequences running, after every prompt is in."""
+    engine = scripted_engine(num_seqs, vocab_size, state_kind)
+    rng = random.Random(0)
+    params = SamplingParams(max_tokens=steps + 64, ignore_eos=True, seed=None, **SETTINGS[setting])
+    for i in range(num_seqs):
+        engine.add_request(f"r{i}", [rng.randrange(1, vocab_size) for _ in range(32)], params)
+    for _ in range(8):  # prefill every prompt, then a few warm-up decode steps
+        engine.step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+        if engine.last_step.num_seqs != num_seqs:
+            raise RuntimeError(f"expected {num_seqs} running sequences, the step ran {engine.last_step.num_seqs}")
+    return {"setting": setting, "state": state_kind, "num_seqs": num_seqs, "vocab_size": vocab_size,
+            "median_ms": 1e3 * statistics.median(times), "p90_ms": 1e3 * sorted(times)[int(0.9 * len(times))]}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.host_overhead", description=__doc__.split("\n")[0])
+    parser.add_argument("--seqs", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--vocab", type=int, default=1024, help="small by default: sampling compute stays out")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    machine = describe_machine()
+    print(f"machine: {machine.get('cpu')}, torch {torch.__version__}, {args.threads} thread(s)")
+    rows = []
+    for state_kind in ("paged_kv", "slots"):
+        for setting in SETTINGS:
+            row = measure(args.seqs, args.steps, args.vocab, setting, state_kind)
+            rows.append(row)
+            print(f"{state_kind:9s} {setting:8s} {row['num_seqs']} seqs: decode step median {row['median_ms']:.2f} ms"
+                  f" (p90 {row['p90_ms']:.2f} ms)")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""A model with no compute: logits looked up from a fixed table, for testing and timing the engine.
+
+It honours the model contract (`state_kind`, `new_state`, `step`) with either kind of state, so
+the scheduler, cache managers, runner, sampler and output processing run exactly as they do for a
+real model, while the "forward pass" is one row lookup: the next-token logits depend only on the
+last token (`table[token]`), plus an optional `logits_fn` that rewrites them (tests choose logits
+this way). Timing a step of this model measures the engine's own host overhead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .batch import StepBatch
+from .state import PagedKVCache, SlotState
+
+
+@dataclass
+class ScriptedConfig:
+    vocab_size: int
+    max_seq_len: int = 4096
+    state_kind: str = "paged_kv"  # or "slots"
+
+
+class ScriptedModel(nn.Module):
+    def __init__(self, config: ScriptedConfig, seed: int = 0,
+                 logits_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+        super().__init__()
+        self.config = config
+        self.state_kind = config.state_kind
+        generator = torch.Generator().manual_seed(seed)
+        self.register_buffer("table", torch.randn(config.vocab_size, config.vocab_size, generator=generator))
+        self.logits_fn = logits_fn  # (last tokens (K,), positions (K,)) -> (K, V) logits, replaces the table
+
+    def new_state(self, num: int, block_size: int = 16, dtype: torch.dtype | None = None):
+        device = self.table.device
+        if self.state_kind == "paged_kv":
+            return PagedKVCache(1, num, block_size, 1, 1, dtype or torch.float32, device)
+        return SlotState({"last": torch.zeros(num, 1, device=device)})
+
+    @torch.inference_mode()
+    def step(self, batch: StepBatch, state) -> torch.Tensor:
+        rows = batch.logits_indices if batch.logits_indices is not None else torch.arange(batch.num_tokens)
+        tokens, positions = batch.token_ids[rows], batch.positions[rows]
+        if self.logits_fn is not None:
+            return self.logits_fn(tokens, positions).float()
+        return self.table.index_select(0, tokens)
