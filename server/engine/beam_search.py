@@ -10,15 +10,15 @@ and the W best hypotheses are kept. `early_stopping` picks when to stop looking
 current length, cannot beat the worst kept one; "never": scored at max length when
 length_penalty > 0).
 
-Pure bookkeeping on a (num_beams, V) tensor of log-probs: the engine maps the chosen
-(parent, token) pairs onto sequences, forking and freeing their cache.
+Pure bookkeeping on the host: the runner finds every beam request's best continuations in one
+batched top-k (`server.sampling.beam`), `advance` turns them into the next beams and finished
+hypotheses, and the engine maps the chosen (parent, token) pairs onto sequences, forking and
+freeing their cache.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
 
 NEG = -1.0e9  # "impossible", the same constant transformers uses
 
@@ -48,19 +48,22 @@ class BeamSearch:
     finished: list[Hypothesis] = field(default_factory=list)  # best first, at most `width`
     can_improve: bool = True
 
-    def step(self, logprobs: torch.Tensor, outputs: list[list[int]]) -> BeamStep:
-        """logprobs (num_beams, V) of the next token of each live beam; outputs: each beam's tokens so far."""
-        num_beams, vocab = logprobs.shape
+    @property
+    def num_candidates(self) -> int:
+        """Continuations to rank per step: enough that W survive even if the best ones all end."""
+        return max(2, 1 + len(self.eos_token_ids)) * self.width
+
+    def banned_next(self, num_generated: int) -> tuple[int, ...]:
+        """Tokens the next step may not choose: EOS until min_tokens are generated."""
+        return tuple(self.eos_token_ids) if num_generated + 1 <= self.min_tokens else ()
+
+    def advance(self, top_scores: list[float], flat_indices: list[int], vocab_size: int,
+                outputs: list[list[int]]) -> BeamStep:
+        """The step's best continuations, descending (summed log-prob; index = parent beam * V + token),
+        and each live beam's tokens so far -> the next beams."""
         generated = len(outputs[0]) + 1  # tokens each candidate would have
-        logprobs = logprobs.float().clone()
-        if generated <= self.min_tokens and self.eos_token_ids:
-            logprobs[:, self.eos_token_ids] = float("-inf")
-        total = logprobs + torch.tensor(self.scores, dtype=torch.float32)[:, None]
-        keep = max(2, 1 + len(self.eos_token_ids)) * self.width
-        top_scores, top_index = torch.topk(total.flatten(), k=min(keep, total.numel()))
-        parents = (top_index // vocab).tolist()
-        tokens = (top_index % vocab).tolist()
-        top_scores = top_scores.tolist()
+        parents = [i // vocab_size for i in flat_indices]
+        tokens = [i % vocab_size for i in flat_indices]
         at_limit = generated >= self.max_tokens
         ends = [at_limit or t in self.eos_token_ids for t in tokens]
 

@@ -1,7 +1,7 @@
 """Paged K,V cache bookkeeping: which block holds which tokens of which sequence.
 
-Plain Python on the CPU; the tensors live in the model's `PagedKVCache`, which this
-class touches only through `copy_blocks` (copy-on-write). Blocks are shared by
+Plain Python on the CPU; the tensors live in the model's `PagedKVCache`: a copy-on-write
+is recorded as a `CacheOp` that the runner applies before the next forward pass. Blocks are shared by
 reference count between forked sequences and between sequences whose prompts share
 a prefix (prefix caching: a full block is keyed by all the tokens up to its end).
 A freed block keeps its key until it is reused, so a later request can still hit it.
@@ -10,28 +10,23 @@ A freed block keeps its key until it is reused, so a later request can still hit
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
 
+from .cache import CacheOp
 from .prefix import BlockKey, block_keys
 
 
 class KVBlockManager:
-    def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        copy_blocks: Callable[[list[int], list[int]], None],
-        enable_prefix_caching: bool = True,
-    ):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.copy_blocks = copy_blocks
+        self.ops: list[CacheOp] = []
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
         self.block_key: list[BlockKey | None] = [None] * num_blocks
         self.cached: dict[BlockKey, int] = {}  # key -> block holding exactly those tokens
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest freed first
         self.tables: dict[int, list[int]] = {}
+        self.keyed: dict[int, tuple[int, int]] = {}  # seq -> (its leading blocks already keyed, last key's hash)
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # prompt tokens found cached
 
@@ -63,6 +58,7 @@ class KVBlockManager:
                     break
                 self._take(block)
                 table.append(block)
+                self.keyed[seq_id] = (len(table), hash(key))
             self.prefix_hits += len(table) * self.block_size
         self.tables[seq_id] = table
         return len(table) * self.block_size
@@ -71,13 +67,15 @@ class KVBlockManager:
         """Make room to write tokens [num_computed, num_computed + num_new_tokens). False (and no change) if full."""
         table = self.tables[seq_id]
         first_block = num_computed // self.block_size
+        if num_new_tokens == 1 and first_block < len(table) and self.ref_counts[table[first_block]] == 1:
+            return True  # the common decode step: one token into a block this sequence owns alone
         shared = [i for i in range(first_block, len(table)) if self.ref_counts[table[i]] > 1]
         grow = max(0, self.blocks_needed(num_computed + num_new_tokens) - len(table))
         if grow + len(shared) > self.num_free_blocks:
             return False
         for i in shared:  # copy-on-write: never write into a block another sequence reads
             fresh = self._pop_free()
-            self.copy_blocks([table[i]], [fresh])
+            self.ops.append(CacheOp("copy", (table[i],), (fresh,)))
             self._release(table[i])
             table[i] = fresh
         table.extend(self._pop_free() for _ in range(grow))
@@ -86,25 +84,23 @@ class KVBlockManager:
     def can_admit(self, num_seqs: int = 1) -> bool:
         return True  # blocks are checked when they are allocated
 
-    def can_fork(self, num_children: int) -> bool:
-        return True  # children share blocks until they write
-
     def chunk_limit(self, num_computed: int, num_prompt_tokens: int) -> int | None:
         return None  # any chunk size: every full block is keyed as it is written
 
     def commit(self, seq_id: int, token_ids: list[int], num_computed: int, num_prompt_tokens: int) -> None:
         """Tokens [0, num_computed) are now in the cache: key their full blocks (prompt or output) for reuse."""
-        if not self.enable_prefix_caching:
+        full = num_computed // self.block_size
+        done, parent = self.keyed.get(seq_id, (0, 0))
+        if not self.enable_prefix_caching or full <= done:
             return
         table = self.tables[seq_id]
-        for i, key in enumerate(block_keys(token_ids[:num_computed], self.block_size)):
-            block = table[i]
-            if self.block_key[block] is not None:
-                continue
-            if key in self.cached:  # the same tokens already sit in another block: keep that one
-                continue
-            self.block_key[block] = key
-            self.cached[key] = block
+        keys = block_keys(token_ids[: full * self.block_size], self.block_size, start=done, parent=parent)
+        for block, key in zip(table[done:full], keys):
+            # A block already keyed keeps its key; tokens already cached in another block keep that one.
+            if self.block_key[block] is None and key not in self.cached:
+                self.block_key[block] = key
+                self.cached[key] = block
+        self.keyed[seq_id] = (full, hash(keys[-1]))
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent until one of them writes."""
@@ -112,8 +108,11 @@ class KVBlockManager:
         for block in table:
             self.ref_counts[block] += 1
         self.tables[child_id] = table
+        if parent_id in self.keyed:
+            self.keyed[child_id] = self.keyed[parent_id]
 
     def free(self, seq_id: int) -> None:
+        self.keyed.pop(seq_id, None)
         for block in reversed(self.tables.pop(seq_id, [])):  # tail first: evicted before the shared prefix
             self._release(block)
 
@@ -124,6 +123,12 @@ class KVBlockManager:
         self.cached.clear()
         self.free_blocks = OrderedDict.fromkeys(range(self.num_blocks))
         self.tables.clear()
+        self.keyed.clear()
+        self.ops.clear()
+
+    def take_ops(self) -> list[CacheOp]:
+        ops, self.ops = self.ops, []
+        return ops
 
     # ---- block pool --------------------------------------------------------------
 

@@ -29,7 +29,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_prompt_tokens: int
-    num_generated_tokens: int = 0  # over all outputs so far
     prompt_logprobs: list[TokenLogprob | None] | None = None  # with the first output, when asked for
     error: str | None = None
     queue_time: float | None = None  # seconds from arrival to first scheduled (first output only)

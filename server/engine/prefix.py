@@ -10,12 +10,14 @@ from __future__ import annotations
 BlockKey = tuple[int, tuple[int, ...]]
 
 
-def block_keys(token_ids: list[int], block_size: int, num_blocks: int | None = None) -> list[BlockKey]:
-    """Keys of the first `num_blocks` full blocks (all full blocks when None)."""
+def block_keys(token_ids: list[int], block_size: int, num_blocks: int | None = None, start: int = 0,
+               parent: int = 0) -> list[BlockKey]:
+    """Keys of the first `num_blocks` full blocks (all full blocks when None), skipping the first `start`
+    blocks, whose last key hashes to `parent` (so a growing sequence keys only its new blocks)."""
     full = len(token_ids) // block_size
     count = full if num_blocks is None else min(num_blocks, full)
-    keys, parent = [], 0
-    for i in range(count):
+    keys = []
+    for i in range(start, count):
         key = (parent, tuple(token_ids[i * block_size : (i + 1) * block_size]))
         keys.append(key)
         parent = hash(key)

@@ -5,14 +5,17 @@ moment they finish. Running requests are served first (decode tokens, or the nex
 chunk of a long prompt), then waiting requests are admitted while the per-step token
 budget and the sequence cap allow. When the cache is full, the most recently admitted
 request is preempted: its cache is freed and it is recomputed later from its tokens.
-Plain Python: the cache is reached only through its manager's narrow interface.
+Plain Python: the cache is reached only through the `CacheManager` protocol, and the device
+work the step needs (block copies, slot resets) travels in the batch for the runner to apply.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from .cache import CacheManager, CacheOp
 from .sequence import Sequence, SequenceGroup, Status
 
 
@@ -34,6 +37,8 @@ class SchedulerConfig:
 @dataclass
 class ScheduledBatch:
     work: list[tuple[Sequence, int]] = field(default_factory=list)  # sequence, number of new tokens
+    cache_ops: list[CacheOp] = field(default_factory=list)  # device work to apply before the forward pass
+    admitted: list[SequenceGroup] = field(default_factory=list)  # took a sampling slot this step
     num_preemptions: int = 0
     failed: list[SequenceGroup] = field(default_factory=list)  # requests the cache can never hold
 
@@ -43,11 +48,12 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, cache):
+    def __init__(self, config: SchedulerConfig, cache: CacheManager):
         self.config = config
-        self.cache = cache  # KVBlockManager | StateSlotManager
+        self.cache = cache
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
+        self.free_slots = list(range(config.max_num_seqs - 1, -1, -1))  # per-request sampling rows
         self.num_preemptions = 0
 
     # ---- queue -----------------------------------------------------------------
@@ -62,6 +68,7 @@ class Scheduler:
         """Take a request out (finished or aborted) and free everything it holds."""
         if group in self.running:
             self.running.remove(group)
+            self._release_slot(group)
         elif group in self.waiting:
             self.waiting.remove(group)
         for seq in group.seqs:
@@ -135,11 +142,20 @@ class Scheduler:
                 break
             self.waiting.popleft()
             group.status = Status.RUNNING
+            group.slot = self.free_slots.pop()
+            if group.first_scheduled_time is None:
+                group.first_scheduled_time = time.monotonic()
             self.running.append(group)
+            batch.admitted.append(group)
             batch.work += plan
             budget -= sum(n for _, n in plan)
         self.num_preemptions += batch.num_preemptions
+        batch.cache_ops = self.cache.take_ops()
         return batch
+
+    def _release_slot(self, group: SequenceGroup) -> None:
+        self.free_slots.append(group.slot)
+        group.slot = None
 
     def _max_cached(self, group: SequenceGroup, seq: Sequence) -> int:
         """At least the last token is recomputed (its logits are needed); scoring prompts compute everything."""
@@ -149,6 +165,8 @@ class Scheduler:
 
     def _plan(self, group: SequenceGroup, budget: int) -> list[tuple[Sequence, int]]:
         """New tokens for each of the group's sequences, sharing the budget evenly so beams stay in step."""
+        if len(group.seqs) == 1 and group.seqs[0].num_uncomputed == 1:
+            return [(group.seqs[0], 1)]  # the common case: one sequence decoding its newest token
         seqs = [s for s in group.seqs if s.num_uncomputed > 0]
         if not seqs:
             return []
@@ -160,6 +178,12 @@ class Scheduler:
             n = min(seq.num_uncomputed, share)
             limit = self.cache.chunk_limit(seq.num_computed, seq.num_prompt_tokens)
             plan.append((seq, n if limit is None else min(n, limit)))
+        if group.params.use_beam_search and len(plan) > 1:
+            # Beams choose their next tokens together: none may reach its last token before the others
+            # (after a preemption their cached prefixes can differ), so the early ones keep it for later.
+            ends = [n == seq.num_uncomputed for seq, n in plan]
+            if any(ends) and not all(ends):
+                plan = [(seq, n - end) for (seq, n), end in zip(plan, ends) if n - end > 0]
         return plan
 
     def _allocate(self, plan: list[tuple[Sequence, int]]) -> bool:
@@ -168,10 +192,10 @@ class Scheduler:
     def _preempt(self, group: SequenceGroup) -> None:
         """Free the group's cache; it is recomputed from its tokens when readmitted."""
         self.running.remove(group)
+        self._release_slot(group)
         for seq in group.seqs:
             self.cache.free(seq.seq_id)
             seq.num_computed = 0
-            seq.logits = None
         group.status = Status.WAITING
         self.waiting.appendleft(group)
 

@@ -24,6 +24,7 @@ class Status(enum.Enum):
 @dataclass(eq=False)
 class Sequence:
     seq_id: int
+    group: "SequenceGroup"
     token_ids: list[int]
     num_prompt_tokens: int
     index: int = 0  # which of the request's outputs this is
@@ -35,7 +36,6 @@ class Sequence:
     num_sent_chars: int = 0  # how much of `text` has been streamed
     num_sent_tokens: int = 0  # how many output tokens have been streamed
     output_logprobs: list = field(default_factory=list)  # one entry per output token when asked
-    logits: torch.Tensor | None = None  # (V,) next-token logits, held until its group uses them
     decoder: object = None  # IncrementalDecoder, created by the engine
     stop: object = None  # StopChecker, created by the engine
 
@@ -67,17 +67,17 @@ class SequenceGroup:
     request_id: str
     prompt_token_ids: list[int]
     params: object  # SamplingParams
-    seqs: list[Sequence]  # live sequences, in output order
+    seqs: list[Sequence] = field(default_factory=list)  # live sequences, in output order
+    generators: list[torch.Generator | None] = field(default_factory=list)  # output i draws from generators[i]
     arrival_time: float = field(default_factory=time.monotonic)
     status: Status = Status.WAITING
+    slot: int | None = None  # row of the runner's per-request sampling settings, while running
     first_scheduled_time: float | None = None
-    first_token_time: float | None = None
     finished_seqs: list[Sequence] = field(default_factory=list)
     prompt_logprobs: list | None = None  # filled when the request asked for them (echo/scoring)
     beam: object = None  # BeamSearch state for beam requests
     is_forked: bool = False  # the prompt sequence has been split into its n samples / W beams
     has_output: bool = False  # the first output (with prompt logprobs, queue time) has gone out
-    error: str | None = None
 
     @property
     def num_outputs(self) -> int:

@@ -1,7 +1,7 @@
 """Fixed-size state bookkeeping (LSTM h,c; gated-CNN windows): one slot per live sequence.
 
 The tensors live in the model's `SlotState`; this class decides which slot is whose
-and asks the state to reset or copy slots. Prefix caching for recurrent and
+and records the resets and copies it needs as `CacheOp`s, applied by the runner. Prefix caching for recurrent and
 convolutional models: the state after every `interval` prompt tokens is snapshotted
 into a spare slot, keyed by all the tokens before it; a later prompt with the same
 prefix starts from the snapshot instead of from zero. Snapshots are evicted oldest
@@ -12,21 +12,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from models.state import SlotState
-
+from .cache import CacheOp
 from .prefix import BlockKey, block_keys
 
 
 class StateSlotManager:
-    def __init__(self, state: SlotState, num_seq_slots: int, interval: int, enable_prefix_caching: bool = True):
-        if state.num_slots < num_seq_slots:
+    def __init__(self, num_slots: int, num_seq_slots: int, interval: int, enable_prefix_caching: bool = True):
+        if num_slots < num_seq_slots:
             raise ValueError("the state holds fewer slots than sequences asked for")
-        self.state = state
+        self.ops: list[CacheOp] = []
         self.interval = interval
         self.enable_prefix_caching = enable_prefix_caching
         self.num_seq_slots = num_seq_slots
         self.free_slots = list(range(num_seq_slots - 1, -1, -1))
-        self.free_snapshot_slots = list(range(state.num_slots - 1, num_seq_slots - 1, -1))
+        self.free_snapshot_slots = list(range(num_slots - 1, num_seq_slots - 1, -1))
         self.snapshots: OrderedDict[BlockKey, int] = OrderedDict()  # least recently used first
         self.slots: dict[int, int] = {}
         self.prefix_queries = 0
@@ -55,6 +54,11 @@ class StateSlotManager:
         """Forget every sequence (after a failed step, when no request holds state any more)."""
         self.slots.clear()
         self.free_slots = list(range(self.num_seq_slots - 1, -1, -1))
+        self.ops.clear()
+
+    def take_ops(self) -> list[CacheOp]:
+        ops, self.ops = self.ops, []
+        return ops
 
     def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int) -> int:
         """Give a sequence a slot, started from the longest snapshotted prefix. Returns tokens already computed."""
@@ -69,13 +73,10 @@ class StateSlotManager:
                     self.snapshots.move_to_end(key)
             self.prefix_hits += found
         if snapshot is None:
-            self.state.reset([slot])
+            self.ops.append(CacheOp("reset", (), (slot,)))
         else:
-            self.state.copy([snapshot], [slot])
+            self.ops.append(CacheOp("copy", (snapshot,), (slot,)))
         return found
-
-    def can_fork(self, num_children: int) -> bool:
-        return len(self.free_slots) >= num_children
 
     def chunk_limit(self, num_computed: int, num_prompt_tokens: int) -> int | None:
         """Prefill chunks stop at snapshot points, so each boundary's state exists to be saved."""
@@ -101,12 +102,12 @@ class StateSlotManager:
             _, target = self.snapshots.popitem(last=False)
         else:
             return
-        self.state.copy([self.slots[seq_id]], [target])
+        self.ops.append(CacheOp("copy", (self.slots[seq_id],), (target,)))
         self.snapshots[key] = target
 
     def fork(self, parent_id: int, child_id: int) -> None:
         slot = self._take_slot()
-        self.state.copy([self.slots[parent_id]], [slot])
+        self.ops.append(CacheOp("copy", (self.slots[parent_id],), (slot,)))
         self.slots[child_id] = slot
 
     def free(self, seq_id: int) -> None:

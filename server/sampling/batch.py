@@ -96,8 +96,8 @@ class SamplingBatch:
             frequency_penalty=per_row([p.frequency_penalty for p in params], torch.float32),
             seen_tokens=seen_tokens,
             output_counts=output_counts if needs_counts else None,
-            bias=_flat_logit_bias(params, vocab_size, device),
-            banned=_flat_banned_tokens(params, output_ids, eos_token_ids, vocab_size, device),
+            bias=flat_logit_bias(params, vocab_size, device),
+            banned=flat_banned_tokens(params, output_ids, eos_token_ids, vocab_size, device),
             seeded_rows=[
                 (row, gen) for row, (gen, g) in enumerate(zip(generators, is_greedy)) if gen is not None and not g
             ],
@@ -110,7 +110,7 @@ class SamplingBatch:
         )
 
 
-def _flat_logit_bias(
+def flat_logit_bias(
     params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     # Ids past the vocabulary are skipped here; SamplingParams.check_vocab rejects them at admission.
@@ -130,7 +130,7 @@ def _flat_logit_bias(
     )
 
 
-def _flat_banned_tokens(
+def flat_banned_tokens(
     params: Sequence[SamplingParams],
     output_ids: Sequence[list[int]],
     eos_token_ids: Sequence[int],

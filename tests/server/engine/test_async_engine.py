@@ -93,7 +93,7 @@ def test_full_queue_is_refused_at_once(tiny_tokenizer):
 
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny_tokenizer, monkeypatch):
     engine = make_engine(tiny_tokenizer)
-    real_forward = engine.core.runner.forward
+    real_forward = engine.core.runner.run
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -102,7 +102,7 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny_tokenizer
             raise RuntimeError("injected fault")
         return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(engine.core.runner, "forward", flaky)
+    monkeypatch.setattr(engine.core.runner, "run", flaky)
 
     async def main():
         failed = await collect(engine, [1, 2, 3], SamplingParams(max_tokens=10, ignore_eos=True))

@@ -6,16 +6,23 @@ from server.engine.kv_blocks import KVBlockManager
 
 
 class Copies:
-    def __init__(self):
-        self.done: list[tuple[int, int]] = []
+    """The copy-on-write work a manager asked the runner for, so far."""
 
-    def __call__(self, src, dst):
-        self.done += list(zip(src, dst))
+    def __init__(self, manager: KVBlockManager):
+        self.manager = manager
+        self.seen: list[tuple[int, int]] = []
+
+    @property
+    def done(self) -> list[tuple[int, int]]:
+        for op in self.manager.take_ops():
+            assert op.kind == "copy"
+            self.seen += list(zip(op.src, op.dst))
+        return self.seen
 
 
 def manager(num_blocks=8, block_size=4, caching=True):
-    copies = Copies()
-    return KVBlockManager(num_blocks, block_size, copies, caching), copies
+    m = KVBlockManager(num_blocks, block_size, caching)
+    return m, Copies(m)
 
 
 def test_memory_in_use_is_proportional_to_tokens_held():

@@ -14,11 +14,13 @@ from server.sampling.params import SamplingParams
 
 def group(request_id: str, prompt_len: int, seq_id: int, n: int = 1) -> SequenceGroup:
     prompt = [seq_id * 1000 + i for i in range(prompt_len)]  # distinct: no accidental prefix hits
-    return SequenceGroup(request_id, prompt, SamplingParams(n=n), [Sequence(seq_id, list(prompt), prompt_len)])
+    g = SequenceGroup(request_id, prompt, SamplingParams(n=n))
+    g.seqs.append(Sequence(seq_id, g, list(prompt), prompt_len))
+    return g
 
 
 def scheduler(num_blocks=64, block_size=4, **config):
-    cache = KVBlockManager(num_blocks, block_size, lambda s, d: None)
+    cache = KVBlockManager(num_blocks, block_size)
     return Scheduler(SchedulerConfig(**config), cache), cache
 
 

@@ -5,12 +5,37 @@ from __future__ import annotations
 import torch
 
 from models.state import SlotState
+from server.engine.runner import apply_cache_ops
 from server.engine.state_slots import StateSlotManager
+
+
+class Applied(StateSlotManager):
+    """A manager whose device work is carried out at once, as the runner does before the next step."""
+
+    def __init__(self, state: SlotState, *args):
+        super().__init__(state.num_slots, *args)
+        self.state = state
+
+    def admit(self, *args) -> int:
+        found = super().admit(*args)
+        self._apply()
+        return found
+
+    def fork(self, *args) -> None:
+        super().fork(*args)
+        self._apply()
+
+    def commit(self, *args) -> None:
+        super().commit(*args)
+        self._apply()
+
+    def _apply(self) -> None:
+        apply_cache_ops(self.state, self.take_ops())
 
 
 def manager(num_seq_slots=2, snapshots=2, interval=4, caching=True):
     state = SlotState({"h": torch.zeros(num_seq_slots + snapshots, 3)})
-    return StateSlotManager(state, num_seq_slots, interval, caching), state
+    return Applied(state, num_seq_slots, interval, caching), state
 
 
 def test_admission_takes_a_zeroed_slot_and_free_returns_it():
@@ -31,7 +56,7 @@ def test_fork_copies_the_slot():
     m.fork(1, 2)
     assert m.slot(2) != m.slot(1)
     assert torch.equal(state["h"][m.slot(2)], state["h"][m.slot(1)])
-    assert not m.can_fork(1)
+    assert not m.can_admit(1)
 
 
 def test_prompt_prefix_is_snapshotted_and_reused():

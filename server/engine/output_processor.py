@@ -1,0 +1,97 @@
+"""From tokens the runner chose to what each request's client receives.
+
+Appends a sequence's new token, detokenizes it incrementally (the text of the outputs is
+decode(prompt + output) minus decode(prompt)), applies the stop rules (EOS, stop ids, stop
+strings held back from streams until they can no longer match, length), and turns each
+request's progress into a `RequestOutput` delta. Plain Python: no tensors.
+"""
+
+from __future__ import annotations
+
+from models.tokenizer import IncrementalDecoder, Tokenizer
+from server.sampling import StopChecker
+
+from .outputs import CompletionOutput, RequestOutput, TokenLogprob
+from .sequence import Sequence, SequenceGroup
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+
+    def start(self, seq: Sequence) -> None:
+        """Give a new sequence its detokenizer and stop rules."""
+        params = seq.group.params
+        seq.decoder = IncrementalDecoder(self.tokenizer)
+        seq.stop = StopChecker(params, self.eos_token_ids)
+
+    def append(self, seq: Sequence, token: int, logprob: float, entry: TokenLogprob | None) -> None:
+        seq.token_ids.append(token)
+        seq.cumulative_logprob += logprob
+        if entry is not None:
+            seq.output_logprobs.append(entry)
+        seq.text += seq.decoder.push(token)
+        decision = seq.stop.check(token, seq.text, seq.num_output_tokens)
+        if decision.finished:
+            if decision.trim:  # the stop string (or stop token's text) is not part of the output
+                seq.text = seq.text[: len(seq.text) - decision.trim]
+            elif decision.finish_reason == "length":  # a character cut in half by the limit still counts
+                seq.text += seq.decoder.flush()
+            seq.finish_reason = decision.finish_reason
+
+    def collect(self, group: SequenceGroup) -> tuple[RequestOutput | None, list[Sequence]]:
+        """The request's delta since its last output (None if nothing new), and the sequences that finished
+        (moved from `group.seqs` to `group.finished_seqs`; the caller frees their cache)."""
+        if group.params.use_beam_search:
+            return self._collect_beams(group), []
+        outs, finished = [], []
+        want_logprobs = group.params.logprobs is not None
+        for seq in list(group.seqs):
+            delta_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_sent_tokens :]
+            upto = len(seq.text) if seq.is_finished else len(seq.text) - seq.stop.hold_back(seq.text)
+            delta_text = seq.text[seq.num_sent_chars : upto] if upto > seq.num_sent_chars else ""
+            logprobs = seq.output_logprobs[seq.num_sent_tokens :] if want_logprobs else None
+            if delta_ids or delta_text or seq.is_finished:
+                outs.append(
+                    CompletionOutput(seq.index, delta_text, delta_ids, logprobs, seq.finish_reason, seq.cumulative_logprob)
+                )
+            seq.num_sent_tokens = seq.num_output_tokens
+            seq.num_sent_chars = max(seq.num_sent_chars, upto)
+            if seq.is_finished:
+                group.seqs.remove(seq)
+                group.finished_seqs.append(seq)
+                finished.append(seq)
+        if not group.seqs:
+            return self.output(group, outs, finished=True), finished
+        return (self.output(group, outs, finished=False) if outs else None), finished
+
+    def _collect_beams(self, group: SequenceGroup) -> RequestOutput | None:
+        """Beam search answers once, at the end: the n best hypotheses."""
+        if group.seqs:
+            return None
+        outs = []
+        eos = set(self.eos_token_ids)
+        params = group.params
+        for i, hyp in enumerate(group.beam.finished[: params.n]):
+            ids = hyp.token_ids
+            text_ids = ids[:-1] if ids and ids[-1] in eos and not params.ignore_eos else ids
+            finish = "stop" if len(text_ids) < len(ids) else "length"
+            outs.append(CompletionOutput(i, self.tokenizer.decode(text_ids), ids, None, finish, hyp.sum_logprob, hyp.score))
+        return self.output(group, outs, finished=True)
+
+    def output(self, group: SequenceGroup, outs: list[CompletionOutput], finished: bool,
+               error: str | None = None) -> RequestOutput:
+        first = not group.has_output
+        out = RequestOutput(
+            group.request_id, outs, finished, len(group.prompt_token_ids),
+            prompt_logprobs=group.prompt_logprobs if first else None,
+            error=error,
+            queue_time=group.first_scheduled_time - group.arrival_time if first and group.first_scheduled_time else None,
+        )
+        group.has_output = True
+        return out
+
+    def failed(self, group: SequenceGroup, message: str) -> RequestOutput:
+        outs = [CompletionOutput(i, "", [], None, "error") for i in range(group.params.n)]
+        return self.output(group, outs, finished=True, error=message)

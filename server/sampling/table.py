@@ -1,0 +1,99 @@
+"""Every running request's sampling settings, kept on the device between steps.
+
+One row per request slot in a persistent (num_slots, 7) float64 tensor, written once when a
+request starts running (one host-to-device copy for all requests admitted in a step). A step
+gathers its rows by slot, so building the sampler's per-row tensors costs a handful of device
+ops whatever the batch size, instead of one Python pass and one copy per setting per step.
+Only what is rare and changes every step (penalty counts, min_tokens bans, logit bias) is built
+from the token lists, and only for steps where some row uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .batch import SamplingBatch, flat_banned_tokens, flat_logit_bias
+from .params import SamplingParams
+from .processors import token_counts
+
+COLUMNS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def settings_row(p: SamplingParams) -> list[float]:
+    """A request's row; greedy rows turn every filter off (they take the argmax of the penalized logits)."""
+    greedy = p.is_greedy
+    return [
+        0.0 if greedy else p.temperature,
+        0.0 if greedy or p.top_k < 0 else float(p.top_k),
+        1.0 if greedy else p.top_p,
+        0.0 if greedy else p.min_p,
+        p.repetition_penalty, p.presence_penalty, p.frequency_penalty,
+    ]
+
+
+class SamplingTable:
+    def __init__(self, num_slots: int, vocab_size: int, device: torch.device | str):
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.settings = torch.zeros(num_slots, len(COLUMNS), dtype=torch.float64, device=self.device)
+
+    def write(self, slots: list[int], params: list[SamplingParams]) -> None:
+        """Requests starting to run: slot i takes params[i]'s settings."""
+        if not slots:
+            return
+        rows = torch.tensor([settings_row(p) for p in params], dtype=torch.float64)
+        index = torch.tensor(slots, dtype=torch.long)
+        self.settings.index_copy_(0, index.to(self.device), rows.to(self.device, non_blocking=True))
+
+    def gather(
+        self,
+        slots: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+        prompt_ids: Sequence[list[int]] | None = None,
+        output_ids: Sequence[list[int]] | None = None,
+        eos_token_ids: Sequence[int] = (),
+    ) -> SamplingBatch:
+        """The sampler's batch for rows whose requests sit in `slots` (B,) on the device.
+
+        params[i] and generators[i] belong to row i (flags and seeded rows are decided on the host);
+        prompt_ids / output_ids are needed only when some row has penalties or an active min_tokens.
+        """
+        columns = self.settings.index_select(0, slots).unbind(1)
+        by_name = dict(zip(COLUMNS, columns))
+        greedy = [p.is_greedy for p in params]
+        sampled = [p for p, g in zip(params, greedy) if not g]
+        top_ks = [p.top_k for p in sampled if 0 < p.top_k < self.vocab_size]
+        needs_repetition = any(p.repetition_penalty != 1.0 for p in params)
+        needs_counts = any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params)
+        output_counts = seen_tokens = banned = None
+        if needs_repetition or needs_counts:
+            output_counts = token_counts(list(output_ids), self.vocab_size, self.device)
+            if needs_repetition:
+                seen_tokens = (token_counts(list(prompt_ids), self.vocab_size, self.device) + output_counts) > 0
+        if any(p.min_tokens for p in params):
+            banned = flat_banned_tokens(params, output_ids, eos_token_ids, self.vocab_size, self.device)
+        temperature = by_name["temperature"].float()
+        return SamplingBatch(
+            temperature=temperature,
+            is_greedy=temperature == 0,
+            top_k=by_name["top_k"].long(),
+            top_p=by_name["top_p"],
+            min_p=by_name["min_p"].float(),
+            repetition_penalty=by_name["repetition_penalty"].float(),
+            presence_penalty=by_name["presence_penalty"].float(),
+            frequency_penalty=by_name["frequency_penalty"].float(),
+            seen_tokens=seen_tokens,
+            output_counts=output_counts if needs_counts else None,
+            bias=flat_logit_bias(params, self.vocab_size, self.device) if any(p.logit_bias for p in params) else None,
+            banned=banned,
+            seeded_rows=[(row, gen) for row, (gen, g) in enumerate(zip(generators, greedy)) if gen is not None and not g],
+            max_top_k=max(top_ks, default=0),
+            uses_top_p=any(p.top_p < 1.0 for p in sampled),
+            uses_min_p=any(p.min_p > 0.0 for p in sampled),
+            all_greedy=len(sampled) == 0,
+            any_greedy=len(sampled) < len(params),
+            num_top_logprobs=max((p.logprobs or 0 for p in params), default=0),
+        )
