@@ -25,3 +25,21 @@ def run_to_completion(engine: EngineCore, max_steps: int = 10_000) -> dict[str, 
             if out.prompt_logprobs is not None:
                 results.setdefault(out.request_id, {})["prompt_logprobs"] = out.prompt_logprobs
     raise AssertionError("the engine did not finish")
+
+
+def scripted_engine(tokenizer, state_kind: str = "paged_kv", logits_fn=None, max_num_seqs: int = 16,
+                    budget: int = 64, block_size: int = 4, num_blocks: int = 256, eos: int = 0) -> EngineCore:
+    """An engine over `ScriptedModel`: no model compute, logits chosen by `logits_fn` (or a fixed table)."""
+    import torch
+
+    from models.checkpoint import LoadedModel
+    from models.scripted import ScriptedConfig, ScriptedModel
+    from server.engine.core import CacheConfig, EngineConfig
+    from server.engine.scheduler import SchedulerConfig
+
+    model = ScriptedModel(ScriptedConfig(tokenizer.vocab_size, state_kind=state_kind), logits_fn=logits_fn)
+    loaded = LoadedModel("scripted", None, "scripted", model, tokenizer, [eos], torch.device("cpu"), torch.float32)
+    return EngineCore(loaded, EngineConfig(
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget),
+        CacheConfig(block_size=block_size, num_blocks=num_blocks),
+    ))

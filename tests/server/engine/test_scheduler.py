@@ -127,3 +127,55 @@ def test_random_arrivals_and_aborts_never_exceed_budgets_or_leak_blocks():
     for g in list(s.running) + list(s.waiting):
         s.remove(g)
     assert cache.num_free_blocks == cache.num_blocks
+
+
+def test_sampling_slots_follow_the_running_set():
+    s, _ = scheduler(num_blocks=4, block_size=4, max_num_batched_tokens=64, max_num_seqs=4)
+    s.add(group("old", 7, 1))
+    s.add(group("new", 7, 2))
+    batch = s.schedule()
+    slots = {g.request_id: g.slot for g in batch.admitted}
+    assert sorted(slots) == ["new", "old"] and len(set(slots.values())) == 2
+    finish_step(s, batch)
+    finish_step(s, s.schedule())
+    batch = s.schedule()  # "new" is preempted: its slot goes back
+    assert s.waiting[0].slot is None and batch.admitted == []
+    assert len(s.free_slots) == 3
+    s.remove(s.running[0])
+    assert len(s.free_slots) == 4
+
+
+def test_copy_on_write_travels_in_the_batch():
+    s, _ = scheduler(num_blocks=8, block_size=4)
+    g = group("a", 6, 1, n=2)
+    s.add(g)
+    finish_step(s, s.schedule())
+    parent = g.seqs[0]
+    child = Sequence(99, g, list(parent.token_ids), parent.num_prompt_tokens, index=1, num_computed=parent.num_computed)
+    s.cache.fork(parent.seq_id, child.seq_id)
+    g.seqs.append(child)
+    g.is_forked = True
+    child.token_ids[-1] = 8  # the two samples chose different first tokens
+    batch = s.schedule()
+    assert [(op.kind, op.src) for op in batch.cache_ops] == [("copy", (s.cache.block_table(99)[1],))] or \
+        [(op.kind, op.dst) for op in batch.cache_ops] == [("copy", (s.cache.block_table(1)[1],))]
+    assert len(batch.cache_ops) == 1  # one of the two writers copies the shared half-full block
+
+
+def test_beams_reach_their_last_token_together():
+    s, _ = scheduler(num_blocks=32, block_size=4, max_num_batched_tokens=8)
+    warm = group("warm", 0, 3)
+    warm.prompt_token_ids = warm.seqs[0].token_ids = [1, 2, 3, 4, 9]  # leaves block [1, 2, 3, 4] cached
+    s.add(warm)
+    finish_step(s, s.schedule())
+    s.remove(warm)
+    # A preempted beam search comes back: beam a finds 4 tokens cached, beam b none.
+    g = SequenceGroup("beam", [1, 2, 3], SamplingParams(use_beam_search=True, beam_width=2, temperature=0.0))
+    g.seqs += [Sequence(1, g, [1, 2, 3, 4, 5, 6], 3), Sequence(2, g, [1, 2, 3, 5, 5, 7], 3)]
+    g.is_forked = True
+    s.add(g)
+    batch = s.schedule()  # a could finish (2 tokens) but b cannot (6 > its share of 4): a keeps its last one
+    assert [(seq.seq_id, seq.num_computed, n) for seq, n in batch.work] == [(1, 4, 1), (2, 0, 4)]
+    finish_step(s, batch)
+    batch = s.schedule()
+    assert [(seq.seq_id, n) for seq, n in batch.work] == [(1, 1), (2, 2)]  # both finish in this step
