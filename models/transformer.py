@@ -229,6 +229,7 @@ class PagedAttention:
         seq_of_token = torch.repeat_interleave(
             torch.arange(batch.num_seqs, device=tables.device),
             torch.tensor(batch.query_lens, device=tables.device),
+            output_size=batch.num_tokens,  # known on the host: no device-to-host sync to size the output
         )
         pos = batch.positions
         slot_mapping = tables[seq_of_token, pos // block_size] * block_size + pos % block_size

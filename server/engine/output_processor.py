@@ -47,21 +47,25 @@ class OutputProcessor:
             return self._collect_beams(group), []
         outs, finished = [], []
         want_logprobs = group.params.logprobs is not None
-        for seq in list(group.seqs):
-            delta_ids = seq.token_ids[seq.num_prompt_tokens + seq.num_sent_tokens :]
-            upto = len(seq.text) if seq.is_finished else len(seq.text) - seq.stop.hold_back(seq.text)
-            delta_text = seq.text[seq.num_sent_chars : upto] if upto > seq.num_sent_chars else ""
-            logprobs = seq.output_logprobs[seq.num_sent_tokens :] if want_logprobs else None
-            if delta_ids or delta_text or seq.is_finished:
-                outs.append(
-                    CompletionOutput(seq.index, delta_text, delta_ids, logprobs, seq.finish_reason, seq.cumulative_logprob)
-                )
-            seq.num_sent_tokens = seq.num_output_tokens
+        for seq in group.seqs:
+            num_new = len(seq.token_ids) - seq.num_prompt_tokens - seq.num_sent_tokens
+            done = seq.finish_reason is not None
+            text = seq.text
+            upto = len(text)
+            if not done and seq.stop.stop_strings:  # text that may yet turn out to start a stop string waits
+                upto -= seq.stop.hold_back(text)
+            delta_text = text[seq.num_sent_chars : upto] if upto > seq.num_sent_chars else ""
+            if num_new or delta_text or done:
+                logprobs = seq.output_logprobs[seq.num_sent_tokens :] if want_logprobs else None
+                outs.append(CompletionOutput(seq.index, delta_text, seq.token_ids[len(seq.token_ids) - num_new :],
+                                             logprobs, seq.finish_reason, seq.cumulative_logprob))
+            seq.num_sent_tokens += num_new
             seq.num_sent_chars = max(seq.num_sent_chars, upto)
-            if seq.is_finished:
-                group.seqs.remove(seq)
-                group.finished_seqs.append(seq)
+            if done:
                 finished.append(seq)
+        for seq in finished:
+            group.seqs.remove(seq)
+            group.finished_seqs.append(seq)
         if not group.seqs:
             return self.output(group, outs, finished=True), finished
         return (self.output(group, outs, finished=False) if outs else None), finished

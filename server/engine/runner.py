@@ -16,7 +16,7 @@ import torch
 
 from models.batch import StepBatch
 from models.checkpoint import LoadedModel
-from server.sampling import sample
+from server.sampling import prompt_logprobs, sample
 from server.sampling.beam import BeamRequest, beam_candidates
 from server.sampling.table import SamplingTable
 
@@ -199,14 +199,18 @@ class ModelRunner:
             self._upload(self.sample_slots, slots), params, generators, prompt_ids, output_ids,
             self.loaded.eos_token_ids,
         )
-        out = sample(logits.index_select(0, torch.tensor(rows, device=logits.device)), sbatch)
-        ids, lps = transfer.add(out.token_ids), transfer.add(out.logprobs)
+        if len(rows) != logits.shape[0] or rows != list(range(len(rows))):  # not simply every row in order
+            logits = logits.index_select(0, torch.tensor(rows, device=logits.device))
+        out = sample(logits, sbatch)
+        ids = transfer.add(out.token_ids)
+        lps = None if out.logprobs is None else transfer.add(out.logprobs)
         tops = None
         if out.top_ids is not None:
             tops = (transfer.add(out.top_ids), transfer.add(out.top_logprobs), out.top_ids.shape[1])
 
         def result(host: list[list[float]]) -> list[tuple[Sequence, list[Sampled]]]:
-            token_ids, logprobs = host[ids], host[lps]
+            token_ids = host[ids]
+            logprobs = host[lps] if lps is not None else [0.0] * len(token_ids)
             results, r = [], 0
             for seq, count in owners:
                 want = seq.group.params.logprobs
@@ -258,15 +262,12 @@ class ModelRunner:
             return lambda host: []
         queued = []
         for seq, first_row, first_pos, count in plan.scored:
-            targets = torch.tensor(seq.token_ids[first_pos + 1 : first_pos + count + 1], device=logits.device)
-            logprobs = torch.log_softmax(logits[first_row : first_row + count].float(), dim=-1)
-            chosen = transfer.add(logprobs.gather(1, targets.unsqueeze(1)))
-            top_n = seq.group.params.prompt_logprobs
+            scored = prompt_logprobs(logits[first_row : first_row + count],
+                                     seq.token_ids[first_pos : first_pos + count + 1], seq.group.params.prompt_logprobs)
             top = None
-            if top_n:
-                values, ids = logprobs.topk(min(top_n, logprobs.shape[-1]), dim=-1)
-                top = (transfer.add(ids), transfer.add(values), values.shape[1])
-            queued.append((seq, first_pos, count, chosen, top))
+            if scored.top_ids is not None:
+                top = (transfer.add(scored.top_ids), transfer.add(scored.top_logprobs), scored.top_ids.shape[1])
+            queued.append((seq, first_pos, count, transfer.add(scored.logprobs), top))
 
         def result(host: list[list[float]]):
             out = []

@@ -43,6 +43,7 @@ class SamplingBatch:
     all_greedy: bool
     any_greedy: bool
     num_top_logprobs: int  # largest `logprobs` asked for by any row; 0 = none
+    needs_logprobs: bool = True  # False: no row needs its chosen token's log-probability (a softmax saved)
 
     @property
     def num_rows(self) -> int:

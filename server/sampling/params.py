@@ -167,10 +167,6 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
-    @property
-    def uses_top_k(self) -> bool:
-        return self.top_k > 0
-
     def all_stop_token_ids(self, eos_token_ids: Iterable[int]) -> frozenset[int]:
         """Token ids that end this request: stop_token_ids, plus EOS unless ignore_eos."""
         eos = () if self.ignore_eos else eos_token_ids

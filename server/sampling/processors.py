@@ -24,7 +24,7 @@ def token_counts(token_ids: list[list[int]], vocab_size: int, device: torch.devi
     num_rows = len(token_ids)
     lengths = torch.tensor([len(ids) for ids in token_ids], dtype=torch.long, device=device)
     flat_ids = torch.tensor(list(chain.from_iterable(token_ids)), dtype=torch.long, device=device)  # (N,)
-    rows = torch.repeat_interleave(torch.arange(num_rows, device=device), lengths)  # (N,)
+    rows = torch.repeat_interleave(torch.arange(num_rows, device=device), lengths, output_size=flat_ids.shape[0])
     # One spare column per row catches out-of-range ids; it is dropped on return.
     width = vocab_size + 1
     counts = torch.zeros(num_rows * width, dtype=torch.int32, device=device)

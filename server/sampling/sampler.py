@@ -28,7 +28,7 @@ from .processors import (
 @dataclass(eq=False)
 class SamplerOutput:
     token_ids: torch.Tensor  # (B,) int64
-    logprobs: torch.Tensor  # (B,) float32, log p(chosen token) under the raw model distribution
+    logprobs: torch.Tensor | None  # (B,) float32, log p(chosen token) under the raw distribution; None if unneeded
     top_logprobs: torch.Tensor | None  # (B, N) float32, descending; N = batch.num_top_logprobs; None when N = 0
     top_ids: torch.Tensor | None  # (B, N) int64, the tokens of top_logprobs
 
@@ -93,6 +93,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         token_ids = exponential_race(processed.softmax(dim=-1), batch)
         if batch.any_greedy:
             token_ids = torch.where(batch.is_greedy, processed.argmax(dim=-1), token_ids)
+    if not batch.needs_logprobs:
+        return SamplerOutput(token_ids=token_ids, logprobs=None, top_logprobs=None, top_ids=None)
     # Log-probabilities come from the raw model distribution (vLLM's default), not the processed one,
     # so they mean the same thing whatever a request's temperature, penalties or filters.
     raw = logits.float()
