@@ -18,9 +18,10 @@ from .errors import CheckpointError
 
 BUNDLED_DIR = Path(__file__).parent / "checkpoints"  # the default models that ship with Quill
 
-# What a snapshot must hold for Quill (configs, tokenizer, index and shards, chat templates);
-# never pickled weights.
-HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "additional_chat_templates/*.jinja"]
+# What Quill reads of a snapshot: configs, tokenizer, weights and chat templates. Weights are
+# model.safetensors or its shards only: never pickles, nor the duplicate consolidated.safetensors
+# some repositories carry beside them.
+HUB_FILES = ["*.json", "model*.safetensors", "*.jinja", "additional_chat_templates/*.jinja"]
 
 # A repository id as the hub spells it: owner/name, letters, digits, '-', '_', '.'.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")

@@ -4,6 +4,8 @@ generation token for token. Loaded by hub id from an offline HF cache."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -66,6 +68,21 @@ def test_greedy_generation_matches_transformers(pair):
                                   pad_token_id=0)[0, len(prompt):].tolist()
     assert len(expected) == steps and len(set(expected)) > 3  # not stopped early, not one token repeated
     assert quill_greedy(loaded, prompt, steps) == expected
+
+
+@pytest.mark.parametrize("hub_id", HUB_IDS, ids=lambda i: i.split("/")[1])
+def test_bfloat16_is_as_close_to_transformers_as_rounding_allows(offline_hub, hub_id):
+    """In bfloat16 both implementations round differently; ours may not stray further from
+    transformers' bfloat16 logits than those stray from float32 ones."""
+    reference = offline_hub[hub_id].reference
+    tokens = torch.randint(0, V, (2, 30), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        full = reference(tokens).logits
+        half = copy.deepcopy(reference).to(torch.bfloat16)(tokens).logits.float()
+    ours = load_checkpoint(hub_id, device="cpu", dtype="bfloat16").model(tokens)
+    rounding = (half - full).abs().max()
+    assert (ours - half).abs().max() <= 1.5 * rounding
+    assert (ours - full).abs().max() <= 1.5 * rounding
 
 
 @pytest.mark.parametrize("hub_id, model_type, switches", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from models.checkpoint import CheckpointError, load_checkpoint
-from models.location import BUNDLED_DIR, hub_cache_dir, is_hub_id, locate
+from models.location import BUNDLED_DIR, HUB_FILES, hub_cache_dir, is_hub_id, locate
 from tests.hub_checkpoints import COMMIT, snapshot_dir
 
 LLAMA = "quill-test/tiny-llama-chat"
@@ -36,6 +36,26 @@ def test_hub_id_missing_from_the_cache_says_where_it_looked(offline_hub, hub_cac
     assert str(hub_cache[0] / "models--quill-test--not-downloaded") in message
     assert "not in the Hugging Face cache" in message and "HF_HUB_OFFLINE" in message
     assert "\n" not in message
+
+
+def test_online_a_hub_id_is_fetched_and_a_failure_says_so(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    calls = []
+
+    def unreachable(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        raise huggingface_hub.errors.LocalEntryNotFoundError("connection refused")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    with pytest.raises(CheckpointError) as info:
+        locate("org/model")
+    assert calls == [("org/model", dict(cache_dir=tmp_path, local_files_only=False, allow_patterns=HUB_FILES))]
+    assert str(tmp_path / "models--org--model") in str(info.value)
+    assert "could not be downloaded (LocalEntryNotFoundError: connection refused)" in str(info.value)
 
 
 def test_directory_and_bundled_name_still_work(offline_hub, hub_cache):
