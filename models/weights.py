@@ -68,6 +68,7 @@ class CheckpointTensors:
 
     listing: Path  # model.safetensors, or the shard index
     where: dict[str, tuple[Path, object]]  # tensor name -> (its file, that file's open safetensors handle)
+    contents: dict[Path, set[str]]  # file -> the tensors its header really holds
 
     @property
     def names(self) -> set[str]:
@@ -81,7 +82,7 @@ def open_weights(directory: Path) -> Iterator[CheckpointTensors]:
     if not has_weights(directory):
         raise CheckpointError(single, f"missing file (and no {WEIGHTS_INDEX_FILE} of shards)")
     with ExitStack() as stack:
-        handles = {}
+        handles, contents = {}, {}
 
         def handle(file: Path):
             if file not in handles:
@@ -89,13 +90,16 @@ def open_weights(directory: Path) -> Iterator[CheckpointTensors]:
                     handles[file] = stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
                 except Exception as e:  # safetensors raises its own error types for a corrupt header
                     raise CheckpointError(file, f"not a readable safetensors file ({e})") from None
+                contents[file] = set(handles[file].keys())
             return handles[file]
 
         if single.is_file():  # as transformers does, a single file wins over an index
-            yield CheckpointTensors(single, {name: (single, handle(single)) for name in handle(single).keys()})
+            handle(single)
+            yield CheckpointTensors(single, {name: (single, handles[single]) for name in contents[single]}, contents)
         else:
             shards = _shard_map(directory)
-            yield CheckpointTensors(directory / WEIGHTS_INDEX_FILE, {n: (f, handle(f)) for n, f in shards.items()})
+            where = {name: (file, handle(file)) for name, file in shards.items()}
+            yield CheckpointTensors(directory / WEIGHTS_INDEX_FILE, where, contents)
 
 
 def _describe(dtype: str) -> str:
@@ -114,7 +118,7 @@ def _check(tensors: CheckpointTensors, sources: list[TensorSource]) -> int:
             if name not in tensors.where:
                 raise CheckpointError(tensors.listing, f"missing tensor {name!r}")
             file, handle = tensors.where[name]
-            if name not in handle.keys():
+            if name not in tensors.contents[file]:
                 raise CheckpointError(file, f"missing tensor {name!r} (the shard index lists it here)")
             header = handle.get_slice(name)
             dtype = header.get_dtype()
