@@ -1,8 +1,11 @@
-"""Checkpoint directories: config.json + model.safetensors + tokenizer.json.
+"""Checkpoint directories: config.json + weights (model.safetensors, or shards) + tokenizer.json.
 
-Our own checkpoints and Hugging Face GPT-2/Llama directories load through the same
-function. Nothing is ever unpickled. Every problem is one `CheckpointError` naming
-the file and what is wrong with it.
+Our own checkpoints and Hugging Face checkpoints of the supported families load through
+the same function, from a directory, a bundled model's name or a hub id in the local
+Hugging Face cache. Beside the model and tokenizer, a Hugging Face checkpoint brings its
+generation_config.json (more end-of-sequence ids, sampling defaults) and its
+tokenizer_config.json and chat templates. Nothing is ever unpickled. Every problem is one
+`CheckpointError` naming the file and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -12,24 +15,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
 from . import hf
+from .errors import CheckpointError
+from .generation_config import read_generation_config
+from .location import BUNDLED_DIR, locate
 from .registry import ARCHITECTURES
 from .tokenizer import Tokenizer
+from .tokenizer_config import read_tokenizer_config
+from .weights import WEIGHTS_FILE, has_weights, open_weights, read_weights
 
-BUNDLED_DIR = Path(__file__).parent / "checkpoints"  # the default models that ship with Quill
-CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+# BUNDLED_DIR and CheckpointError live in their own modules and are imported from here too.
+__all__ = ["BUNDLED_DIR", "CheckpointError", "GENERATION_CONFIG_MODES", "LoadedModel", "load_checkpoint",
+           "resolve_checkpoint_path", "save_checkpoint"]
+
+CONFIG_FILE, TOKENIZER_FILE = "config.json", "tokenizer.json"
 FORMAT_VERSION = 1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class CheckpointError(Exception):
-    def __init__(self, path: Path, problem: str):
-        super().__init__(f"{path}: {problem}")
-        self.path, self.problem = path, problem
+GENERATION_CONFIG_MODES = ("auto", "none")  # vLLM's --generation-config: apply the checkpoint's defaults, or not
 
 
 @dataclass
@@ -39,10 +44,34 @@ class LoadedModel:
     architecture: str
     model: nn.Module
     tokenizer: Tokenizer
-    eos_token_ids: list[int]
+    eos_token_ids: list[int]  # config.json's, then generation_config.json's: any of them ends a sequence
     device: torch.device
     dtype: torch.dtype
     metadata: dict = field(default_factory=dict)
+    model_id: str = ""  # as asked for: hub id ("org/name"), bundled name or directory; default: the path
+    revision: str | None = None  # commit of the hub snapshot it was loaded from
+    # SamplingParams field -> the checkpoint's recommended value (generation_config.json), for a request
+    # that leaves the setting out; empty with --generation-config none.
+    generation_defaults: dict = field(default_factory=dict)
+    special_tokens: dict[str, str] = field(default_factory=dict)  # "bos_token" -> "<s>", ... (what templates see)
+    chat_templates: dict[str, str] = field(default_factory=dict)  # name -> Jinja source; the main one is "default"
+    add_bos_token: bool = False  # tokenizer.encode(text) starts with bos_token (so a rendered template must not)
+
+    def __post_init__(self):
+        self.model_id = self.model_id or str(self.path or self.name)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The checkpoint's main chat template, or None if it has none."""
+        return self.chat_templates.get("default")
+
+    @property
+    def bos_token(self) -> str | None:
+        return self.special_tokens.get("bos_token")
+
+    @property
+    def eos_token(self) -> str | None:
+        return self.special_tokens.get("eos_token")
 
     @property
     def max_seq_len(self) -> int | None:
@@ -55,11 +84,8 @@ class LoadedModel:
 
 
 def resolve_checkpoint_path(name_or_path: str | Path) -> Path:
-    """A checkpoint directory, or the name of a bundled one (e.g. "shakespeare-lstm")."""
-    path = Path(name_or_path)
-    if not path.exists() and (BUNDLED_DIR / path).is_dir():
-        return BUNDLED_DIR / path
-    return path
+    """A checkpoint directory, the name of a bundled one (e.g. "shakespeare-lstm"), or a hub id in the HF cache."""
+    return locate(name_or_path).path
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -96,6 +122,13 @@ def _read_json(path: Path) -> dict:
 def read_config(path: Path) -> tuple[str, object, list[int], dict]:
     """config.json -> (architecture, config dataclass, end-of-sequence ids, metadata)."""
     raw = _read_json(path)
+    quantization = raw.get("quantization_config")
+    if quantization is not None:
+        method = quantization.get("quant_method", "unknown") if isinstance(quantization, dict) else "unknown"
+        raise CheckpointError(
+            path, f"quantized checkpoint (quantization_config, method {method!r}): "
+                  "Quill serves float32, float16 and bfloat16 weights only"
+        )
     try:
         if hf.is_hf_config(raw):
             config, eos = hf.config_from_hf(raw)
@@ -111,70 +144,77 @@ def read_config(path: Path) -> tuple[str, object, list[int], dict]:
         raise CheckpointError(path, f"invalid model configuration: {e}") from None
 
 
-def _expected_sources(architecture: str, config, model: nn.Module, names: set[str]) -> list[hf.TensorSource]:
+def _expected_sources(config, model: nn.Module, names: set[str]) -> list[hf.TensorSource]:
+    params = [n for n, _ in model.named_parameters()]
     if getattr(config, "extra", {}).get("hf_model_type"):
-        return hf.tensor_sources(config, names)
-    return [hf.TensorSource(n, [n], hf._single) for n, _ in model.named_parameters()]
+        return hf.tensor_sources(config, params, names)
+    return [hf.same_name(n) for n in params]
 
 
-def _read_weights(path: Path, architecture: str, config, model: nn.Module, dtype, device) -> dict[str, torch.Tensor]:
+def _read_tokenizer(path: Path, eos_ids: list[int], vocab_size: int) -> Tokenizer:
     try:
-        handle = safe_open(str(path), framework="pt", device="cpu")
-    except Exception as e:  # safetensors raises its own error types for a corrupt header
-        raise CheckpointError(path, f"not a readable safetensors file ({e})") from None
-    with handle as f:
-        names = set(f.keys())
-        params = dict(model.named_parameters())
-        weights = {}
-        for source in _expected_sources(architecture, config, model, names):
-            missing = [s for s in source.sources if s not in names]
-            if missing:
-                raise CheckpointError(path, f"missing tensor {missing[0]!r}")
-            tensor = source.combine([f.get_tensor(s) for s in source.sources])
-            expected = tuple(params[source.name].shape)
-            if tuple(tensor.shape) != expected:
-                raise CheckpointError(
-                    path, f"tensor {', '.join(source.sources)} has shape {tuple(tensor.shape)}, expected {expected}"
-                )
-            if not tensor.is_floating_point():
-                raise CheckpointError(path, f"tensor {source.sources[0]!r} has dtype {tensor.dtype}, expected floating point")
-            weights[source.name] = tensor.to(device=device, dtype=dtype)
-    return weights
+        tokenizer = Tokenizer.from_file(path, eos_ids[0] if eos_ids else None)
+    except Exception as e:  # tokenizers raises a bare Exception on malformed files
+        raise CheckpointError(path, f"not a readable tokenizer ({e})") from None
+    if tokenizer.vocab_size > vocab_size:
+        raise CheckpointError(
+            path, f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary has only {vocab_size}"
+        )
+    return tokenizer
 
 
 def load_checkpoint(
-    path: str | Path, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto", name: str | None = None
+    path: str | Path,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    name: str | None = None,
+    generation_config: str = "auto",
 ) -> LoadedModel:
-    """Load a checkpoint directory (or bundled model name) for inference (eval mode)."""
-    path = resolve_checkpoint_path(path)
+    """Load a checkpoint (directory, bundled model name or hub id) for inference (eval mode).
+
+    `generation_config`: "auto" takes the checkpoint's sampling defaults from
+    generation_config.json, "none" leaves them out; its end-of-sequence ids count either way.
+    """
+    if generation_config not in GENERATION_CONFIG_MODES:
+        raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, not {generation_config!r}")
+    location = locate(path)
+    path = location.path
+    # A hub snapshot's directory is named after a commit: name the model after its hub id.
+    name = name or (location.model_id if location.revision else path.name)
     if not path.is_dir():
         raise CheckpointError(path, "no such checkpoint directory")
-    for file in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
+    for file in (CONFIG_FILE, TOKENIZER_FILE):
         if not (path / file).is_file():
             raise CheckpointError(path / file, "missing file")
+    if not has_weights(path):
+        raise CheckpointError(path / WEIGHTS_FILE, "missing file")
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     architecture, config, eos_ids, metadata = read_config(path / CONFIG_FILE)
-
-    try:
-        tokenizer = Tokenizer.from_file(path / TOKENIZER_FILE, eos_ids[0] if eos_ids else None)
-    except Exception as e:  # tokenizers raises a bare Exception on malformed files
-        raise CheckpointError(path / TOKENIZER_FILE, f"not a readable tokenizer ({e})") from None
-    if tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(
-            path / TOKENIZER_FILE,
-            f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary has only {config.vocab_size}",
-        )
+    generation = read_generation_config(path)
+    eos_ids += [i for i in generation.eos_token_ids if i not in eos_ids]
+    tokenizer_config = read_tokenizer_config(path)
+    tokenizer = _read_tokenizer(path / TOKENIZER_FILE, eos_ids, config.vocab_size)
 
     _, model_cls = ARCHITECTURES[architecture]
     with torch.device("meta"):
         model = model_cls(config)
-    weights = _read_weights(path / WEIGHTS_FILE, architecture, config, model, dtype, device)
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    with open_weights(path) as tensors:
+        try:
+            sources = _expected_sources(config, model, tensors.names)
+        except ValueError as e:
+            raise CheckpointError(path / CONFIG_FILE, str(e)) from None
+        weights = read_weights(tensors, sources, shapes, dtype, device, label=name)
     model.load_state_dict(weights, strict=True, assign=True)
     model.eval().requires_grad_(False)
     return LoadedModel(
-        name=name or path.name, path=path, architecture=architecture, model=model, tokenizer=tokenizer,
-        eos_token_ids=eos_ids, device=device, dtype=dtype, metadata=metadata,
+        name=name, path=path, architecture=architecture, model=model, tokenizer=tokenizer,
+        eos_token_ids=eos_ids, device=device, dtype=dtype, metadata=metadata, model_id=location.model_id,
+        revision=location.revision,
+        generation_defaults=generation.defaults if generation_config == "auto" else {},
+        special_tokens=tokenizer_config.special_tokens, chat_templates=tokenizer_config.chat_templates,
+        add_bos_token=tokenizer.adds_bos(tokenizer_config.special_tokens.get("bos_token")),
     )
 
 

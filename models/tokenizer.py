@@ -31,6 +31,16 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self.hf.id_to_token(token_id)
 
+    def token_to_id(self, token: str) -> int | None:
+        return self.hf.token_to_id(token)
+
+    def adds_bos(self, bos_token: str | None) -> bool:
+        """Whether `encode` puts `bos_token` before the text (tokenizer.json's post-processor decides)."""
+        bos_id = None if bos_token is None else self.token_to_id(bos_token)
+        if bos_id is None:
+            return False
+        return self.encode("a")[:1] == [bos_id] and self.encode("a", add_special_tokens=False)[:1] != [bos_id]
+
     def save(self, path: str | Path) -> None:
         self.hf.save(str(path))
 

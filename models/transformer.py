@@ -1,7 +1,9 @@
-"""Decoder-only Transformer covering our own default and the GPT-2 and Llama families.
+"""Decoder-only Transformer covering our own default, GPT-2 and the Llama family.
 
-One configuration spans the two designs: learned positions + LayerNorm + GELU MLP
-(GPT-2), or rotary positions + RMSNorm + SwiGLU + grouped-query attention (Llama).
+One configuration spans the designs: learned positions + LayerNorm + GELU MLP (GPT-2),
+or rotary positions + RMSNorm + gated MLP + grouped-query attention (Llama), with the
+small departures of Llama's relatives as switches: bias on q, k, v only (Qwen2), a
+per-head RMSNorm of q and k (Qwen3), scaled embeddings and a (1 + w) RMSNorm (Gemma).
 
 State per sequence: K and V of every layer in fixed-size blocks of a `PagedKVCache`;
 a step writes the new tokens' K,V into their slots, then attends over the blocks
@@ -27,6 +29,14 @@ ACTIVATIONS = {
     "relu": F.relu,
 }
 
+ROPE_SCALING_TYPES = ("default", "linear", "llama3")
+
+
+def rope_scaling_type(scaling: dict | None) -> str:
+    """The kind of RoPE rescaling, under either of the names Hugging Face configs have used for it."""
+    scaling = scaling or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
 
 @dataclass
 class TransformerConfig:
@@ -39,12 +49,15 @@ class TransformerConfig:
     d_ff: int | None = None  # default 4 * d_model, or 8/3 of it for a gated MLP
     max_seq_len: int = 256  # context window
     positional: str = "rope"  # "rope" | "learned"
-    norm: str = "rmsnorm"  # "rmsnorm" | "layernorm"
+    norm: str = "rmsnorm"  # a key of NORMS: "rmsnorm" | "rmsnorm_unit_offset" | "layernorm"
     norm_eps: float = 1e-5
     gated_mlp: bool = True  # SwiGLU-style: act(gate(x)) * up(x)
     activation: str = "silu"
     attn_bias: bool = False
+    attn_out_bias: bool | None = None  # None: same as attn_bias (Qwen2 has bias on q, k, v only)
+    qk_norm: bool = False  # normalise each head's q and k before RoPE (Qwen3)
     mlp_bias: bool = False
+    embed_scale: float = 1.0  # token embeddings are multiplied by this (Gemma: sqrt(d_model))
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None  # {"rope_type": "linear"|"llama3", "factor": ..., ...}
     tie_embeddings: bool = True
@@ -54,14 +67,17 @@ class TransformerConfig:
     def __post_init__(self):
         self.n_kv_heads = self.n_kv_heads or self.n_heads
         self.head_dim = self.head_dim or self.d_model // self.n_heads
+        if self.attn_out_bias is None:
+            self.attn_out_bias = self.attn_bias
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model if not self.gated_mlp else 64 * math.ceil(8 * self.d_model / 3 / 64)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         for name, value, allowed in [
             ("positional", self.positional, ("rope", "learned")),
-            ("norm", self.norm, ("rmsnorm", "layernorm")),
+            ("norm", self.norm, tuple(NORMS)),
             ("activation", self.activation, tuple(ACTIVATIONS)),
+            ("rope_scaling type", rope_scaling_type(self.rope_scaling), ROPE_SCALING_TYPES),
         ]:
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
@@ -75,16 +91,35 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _normalised(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * self._normalised(x).to(x.dtype)
 
 
-def make_norm(config: TransformerConfig) -> nn.Module:
-    if config.norm == "rmsnorm":
-        return RMSNorm(config.d_model, config.norm_eps)
-    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+class UnitOffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the stored weight w scales by (1 + w), so zeros are the identity.
+
+    The scaling happens in float32 before the cast back: in 16-bit weights, 1 + w
+    would lose most of w's bits.
+    """
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__(dim, eps)
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self._normalised(x) * (1.0 + self.weight.float())).to(x.dtype)
+
+
+NORMS = {"rmsnorm": RMSNorm, "rmsnorm_unit_offset": UnitOffsetRMSNorm, "layernorm": nn.LayerNorm}
+
+
+def make_norm(config: TransformerConfig, dim: int | None = None) -> nn.Module:
+    """The configured norm over `dim` features (default d_model)."""
+    return NORMS[config.norm](dim or config.d_model, eps=config.norm_eps)
 
 
 def rope_inv_freq(config: TransformerConfig, device) -> torch.Tensor:
@@ -92,7 +127,7 @@ def rope_inv_freq(config: TransformerConfig, device) -> torch.Tensor:
     dim = config.head_dim
     inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim)
     scaling = config.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    kind = rope_scaling_type(scaling)
     if kind == "default":
         return inv_freq
     if kind == "linear":
@@ -129,7 +164,10 @@ class Attention(nn.Module):
         self.config = config
         c = config
         self.qkv = nn.Linear(c.d_model, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim, bias=c.attn_bias)
-        self.out = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=c.attn_bias)
+        self.out = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=c.attn_out_bias)
+        # One norm over head_dim shared by all heads (Qwen3), applied before RoPE.
+        self.q_norm = make_norm(c, c.head_dim) if c.qk_norm else None
+        self.k_norm = make_norm(c, c.head_dim) if c.qk_norm else None
 
     def project(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (..., T, D) -> q (..., T, H, hd), k and v (..., T, KVH, hd)."""
@@ -138,6 +176,8 @@ class Attention(nn.Module):
         q = q.unflatten(-1, (c.n_heads, c.head_dim))
         k = k.unflatten(-1, (c.n_kv_heads, c.head_dim))
         v = v.unflatten(-1, (c.n_kv_heads, c.head_dim))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
@@ -264,6 +304,9 @@ class TransformerLanguageModel(nn.Module):
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor):
         x = self.embed(tokens)
+        if self.config.embed_scale != 1.0:
+            # The scale is rounded to the weights' dtype first, as Gemma's reference does.
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype, device=x.device)
         if self.pos_embed is not None:
             x = x + self.pos_embed(positions)
             return x, None

@@ -29,7 +29,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _add_generate_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="load a checkpoint and continue a prompt, offline")
     p.add_argument("prompt")
-    p.add_argument("--model", default="shakespeare-transformer", help="checkpoint directory or bundled model name")
+    p.add_argument("--model", default="shakespeare-transformer",
+                   help="checkpoint directory, bundled model name or Hugging Face hub id (org/name)")
     p.add_argument("--max-tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
     p.add_argument("--top-k", type=int, default=40, help="0 to sample from the whole vocabulary")

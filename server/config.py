@@ -6,7 +6,8 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
-from models.checkpoint import BUNDLED_DIR
+from models.checkpoint import BUNDLED_DIR, GENERATION_CONFIG_MODES
+from models.location import is_hub_id
 
 DEFAULT_MODELS = ["shakespeare-transformer", "shakespeare-lstm", "shakespeare-gcnn"]  # the first is the default
 
@@ -15,7 +16,7 @@ DEFAULT_MODELS = ["shakespeare-transformer", "shakespeare-lstm", "shakespeare-gc
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    models: list[str] = field(default_factory=list)  # NAME=PATH or PATH; empty: the bundled defaults
+    models: list[str] = field(default_factory=list)  # NAME=MODEL or MODEL (directory or hub id); empty: bundled
     device: str = "auto"
     dtype: str = "auto"
     max_num_seqs: int = 64
@@ -24,6 +25,7 @@ class ServerConfig:
     cache_bytes: int = 256 * 2**20  # per model, for Transformer K,V
     block_size: int = 16
     max_model_len: int | None = None  # None: the model's context (Transformers), 4096 (recurrent, convolutional)
+    generation_config: str = "auto"  # "auto": sampling defaults from the checkpoint's generation_config.json; "none"
     api_keys: list[str] = field(default_factory=list)
     max_body_bytes: int = 1 * 2**20
     body_timeout: float = 30.0  # seconds for a request body to arrive in full (slow-loris guard)
@@ -36,14 +38,19 @@ class ServerConfig:
     enable_prefix_caching: bool = True
     log_prompts: bool = False  # request logs carry token counts only unless asked
 
+    def __post_init__(self):
+        if self.generation_config not in GENERATION_CONFIG_MODES:
+            modes, mode = GENERATION_CONFIG_MODES, self.generation_config
+            raise ValueError(f"generation_config must be one of {modes}, not {mode!r}")
+
     def model_specs(self) -> list[tuple[str, str]]:
-        """(name, path) per hosted model; a bare PATH is named after its directory."""
+        """(name, model) per hosted model; a bare hub id is named by itself, a bare directory after its name."""
         specs = self.models or [f"{name}={BUNDLED_DIR / name}" for name in DEFAULT_MODELS]
         out = []
         for spec in specs:
             name, sep, path = spec.partition("=")
             if not sep:
-                path, name = spec, os.path.basename(os.path.normpath(spec))
+                path, name = spec, spec if is_hub_id(spec) else os.path.basename(os.path.normpath(spec))
             out.append((name, path))
         names = [n for n, _ in out]
         if len(set(names)) != len(names):
@@ -74,8 +81,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, dest=dest, action="append", default=env.split(",") if env else None,
                        help=f"{help_} (env QUILL_{name.upper()}, comma-separated)")
 
-    repeated("--model", "models", "NAME=PATH or PATH of a checkpoint directory; repeat for several models; "
-                                  "the first is the default (default: the three bundled models)")
+    repeated("--model", "models", "NAME=MODEL or MODEL, where MODEL is a checkpoint directory or a Hugging Face hub "
+                                  "id (org/name) in the local HF cache; repeat for several models; the first is the "
+                                  "default (default: the three bundled models)")
     arg("--device", str, d.device, "auto | cpu | cuda")
     arg("--dtype", str, d.dtype, "auto | float32 | bfloat16 | float16")
     arg("--max-num-seqs", int, d.max_num_seqs, "sequences running at once per model")
@@ -84,6 +92,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     arg("--cache-bytes", int, d.cache_bytes, "K,V cache reserved per Transformer model, in bytes")
     arg("--block-size", int, d.block_size, "tokens per cache block and prefix-cache granularity")
     arg("--max-model-len", int, d.max_model_len, "longest prompt + completion, in tokens")
+    arg("--generation-config", str, d.generation_config,
+        "auto: settings a request leaves out default to the checkpoint's generation_config.json "
+        "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens); none: Quill's defaults",
+        choices=GENERATION_CONFIG_MODES)
     repeated("--api-key", "api_keys", "require this bearer token (repeat for several)")
     arg("--max-body-bytes", int, d.max_body_bytes, "largest request body accepted")
     arg("--body-timeout", float, d.body_timeout, "seconds a request body may take to arrive (then 408)")

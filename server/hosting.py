@@ -43,7 +43,8 @@ class ModelHost:
         for i, (name, path) in enumerate(specs, 1):
             start = time.monotonic()
             log.info("loading model %d/%d: %s from %s", i, len(specs), name, path)
-            loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name)
+            loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name,
+                                     generation_config=config.generation_config)
             models[name] = cls._host(name, loaded, config)
             engine = models[name].engine
             log.info(
@@ -52,6 +53,9 @@ class ModelHost:
                 loaded.device, engine.core.cache_bytes / 2**20, loaded.model.state_kind,
                 models[name].max_model_len, time.monotonic() - start,
             )
+            if loaded.generation_defaults:
+                log.info("%s: sampling defaults from generation_config.json: %s (--generation-config none drops them)",
+                         name, ", ".join(f"{k}={v}" for k, v in loaded.generation_defaults.items()))
         return cls(models)
 
     @staticmethod

@@ -142,3 +142,24 @@ def live_server(tiny_checkpoints):
         yield server
     finally:
         server.stop()
+
+
+# ---- tiny Hugging Face checkpoints in a hub cache, served by hub id ------------------------
+
+
+@pytest.fixture(scope="session")
+def hub_cache(tmp_path_factory):
+    """(cache directory, {hub id: HubCheckpoint}) of tests/hub_checkpoints.py's tiny checkpoints."""
+    from tests.hub_checkpoints import write_hub_cache
+
+    cache = tmp_path_factory.mktemp("hf-hub-cache")
+    return cache, write_hub_cache(cache)
+
+
+@pytest.fixture
+def offline_hub(hub_cache, monkeypatch):
+    """The hub cache as this process's Hugging Face cache, offline: hub ids load from it, nothing downloads."""
+    cache, checkpoints = hub_cache
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return checkpoints

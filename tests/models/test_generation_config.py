@@ -1,0 +1,68 @@
+"""generation_config.json: its EOS ids join config.json's; its sampling defaults are exposed
+(with vLLM's six names) unless turned off."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from models.checkpoint import CheckpointError, load_checkpoint
+from models.generation_config import read_generation_config
+
+LLAMA = "quill-test/tiny-llama-chat"
+
+
+def test_eos_list_longer_than_config_json_joins_it(offline_hub):
+    checkpoint = offline_hub[LLAMA]
+    config_eos = json.loads((checkpoint.path / "config.json").read_text())["eos_token_id"]
+    generation_eos = json.loads((checkpoint.path / "generation_config.json").read_text())["eos_token_id"]
+    assert isinstance(config_eos, int) and len(generation_eos) == 3
+    loaded = load_checkpoint(LLAMA, device="cpu")
+    assert loaded.eos_token_ids == [config_eos] + [i for i in generation_eos if i != config_eos]
+    assert loaded.tokenizer.eos_token_id == config_eos
+
+
+def test_sampling_defaults_under_sampling_params_names(offline_hub):
+    loaded = load_checkpoint(LLAMA, device="cpu")
+    assert loaded.generation_defaults == {"temperature": 0.6, "top_p": 0.9, "max_tokens": 64}
+
+
+def test_generation_config_none_drops_the_defaults_but_not_the_eos_ids(offline_hub):
+    auto = load_checkpoint(LLAMA, device="cpu")
+    none = load_checkpoint(LLAMA, device="cpu", generation_config="none")
+    assert none.generation_defaults == {} and none.eos_token_ids == auto.eos_token_ids
+    with pytest.raises(ValueError, match="generation_config must be one of"):
+        load_checkpoint(LLAMA, device="cpu", generation_config="vllm")
+
+
+def test_every_setting_and_its_type(tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps({
+        "eos_token_id": 7, "temperature": 1, "top_p": 0.8, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
+        "max_new_tokens": 100, "do_sample": True, "num_beams": 1, "max_length": 4096,
+    }))
+    config = read_generation_config(tmp_path)
+    assert config.eos_token_ids == [7]
+    assert config.defaults == {"temperature": 1.0, "top_p": 0.8, "top_k": 20, "min_p": 0.05,
+                               "repetition_penalty": 1.1, "max_tokens": 100}
+    assert isinstance(config.defaults["temperature"], float) and isinstance(config.defaults["top_k"], int)
+
+
+def test_missing_file_means_nothing(tmp_path):
+    config = read_generation_config(tmp_path)
+    assert config.eos_token_ids == [] and config.defaults == {}
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
+    ({"top_k": 2.5}, "top_k must be an integer"),
+    ({"eos_token_id": [1, True]}, "eos_token_id must be an integer"),
+    ([1, 2], "must hold a JSON object"),
+])
+def test_bad_values_name_the_file(tmp_path, offline_hub, content, fragment):
+    shutil.copytree(offline_hub[LLAMA].path, tmp_path / "llama")
+    (tmp_path / "llama" / "generation_config.json").write_text(json.dumps(content))
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(tmp_path / "llama", device="cpu")
+    assert "generation_config.json" in str(info.value) and fragment in str(info.value)
