@@ -15,7 +15,7 @@ from clients.client import DEFAULT_URL, Client
 from . import context_sweep, report
 from .runner import run_workload
 from .target import hosted_models, require_loopback, tokens_per_word
-from .workload import WorkloadSpec, build_requests, parse_mix, parse_range
+from .workload import TargetModel, WorkloadSpec, build_requests, parse_mix, parse_range
 
 DEFAULT_MIX = "greedy=0.4,top_p=0.3,beam=0.1,n2=0.2"
 
@@ -153,8 +153,8 @@ def _run_load(args, models, per_word, payload, plot_dir: Path) -> None:
         max_tokens=parse_range(args.max_tokens, "--max-tokens"), mix=parse_mix(args.mix),
         models=[m.id for m in models], rate=args.rate, stream=args.stream, ignore_eos=args.ignore_eos, seed=args.seed,
     )
-    limits = {m.id: m.max_model_len or 4096 for m in models}
-    requests = build_requests(spec, per_word, limits)
+    targets = {m.id: TargetModel(m.max_model_len or 4096, per_word[m.id]) for m in models}
+    requests = build_requests(spec, targets)
     concurrencies = args.sweep or [args.concurrency or (None if args.rate else 8)]
     payload["workload"] = spec.describe()
     payload["runs"] = []
@@ -166,7 +166,7 @@ def _run_load(args, models, per_word, payload, plot_dir: Path) -> None:
 
     if args.warmup:
         warm = dataclasses.replace(spec, num_requests=args.warmup, rate=None)
-        go(build_requests(warm, per_word, limits, salt=1), min(args.warmup, 8), "warm-up", False)
+        go(build_requests(warm, targets, salt=1), min(args.warmup, 8), "warm-up", False)
     summaries, ttfts, last = [], {}, None
     for concurrency in concurrencies:
         last = go(requests, concurrency, f"concurrency {concurrency}" if concurrency else f"{args.rate} req/s",

@@ -10,7 +10,7 @@ import pytest
 from clients.bench.context_sweep import verdict
 from clients.bench.report import distribution, percentile
 from clients.bench.target import require_loopback
-from clients.bench.workload import WorkloadSpec, build_requests, parse_mix, parse_range
+from clients.bench.workload import TargetModel, WorkloadSpec, build_requests, parse_mix, parse_range
 from quill.cli import main
 from tests.conftest import build_tiny_model
 
@@ -54,12 +54,28 @@ def test_mix_and_ranges_parse():
 
 def test_workload_is_reproducible_and_fits_the_context():
     spec = WorkloadSpec(num_requests=50, prompt_len=(10, 60), max_tokens=(5, 40), models=["a", "b"], rate=4.0, seed=3)
-    one = build_requests(spec, {"a": 1.0, "b": 2.0}, {"a": 64, "b": 4096})
-    two = build_requests(spec, {"a": 1.0, "b": 2.0}, {"a": 64, "b": 4096})
+    targets = {"a": TargetModel(64, tokens_per_word=1.0), "b": TargetModel(4096, tokens_per_word=2.0)}
+    one = build_requests(spec, targets)
+    two = build_requests(spec, targets)
     assert [(r.prompt, r.max_tokens, r.send_at) for r in one] == [(r.prompt, r.max_tokens, r.send_at) for r in two]
     assert [r.model for r in one[:4]] == ["a", "b", "a", "b"]
+    assert all(isinstance(r.prompt, str) for r in one)
     assert all(r.target_prompt_tokens + r.max_tokens <= 64 for r in one if r.model == "a")
     assert all(b.send_at >= a.send_at for a, b in zip(one, one[1:])) and one[-1].send_at > 0
+    assert build_requests(spec, targets, salt=1)[0].prompt != one[0].prompt  # warm-ups draw other prompts
+
+
+def test_token_id_prompts_have_exact_lengths_inside_the_vocabulary():
+    spec = WorkloadSpec(num_requests=64, prompt_len=(32, 128), max_tokens=(16, 128), models=["m"], prompts="ids")
+    requests = build_requests(spec, {"m": TargetModel(1024, vocab_size=1000)})
+    assert all(len(r.prompt) == r.target_prompt_tokens and 32 <= len(r.prompt) <= 128 for r in requests)
+    assert all(0 < t < 1000 for r in requests for t in r.prompt)  # id 0 (EOS) is never drawn
+    assert all(16 <= r.max_tokens <= 128 and r.strategy.name == "greedy" for r in requests)
+    assert len({tuple(r.prompt[:4]) for r in requests}) == 64  # no shared prefixes
+    with pytest.raises(ValueError, match="vocab_size"):
+        build_requests(spec, {"m": TargetModel(1024)})
+    with pytest.raises(ValueError, match="prompts"):
+        WorkloadSpec(prompts="bytes")
 
 
 def test_context_verdict_compares_the_curve_with_theory():
