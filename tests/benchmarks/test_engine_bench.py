@@ -27,7 +27,7 @@ def one_thread():
 
 def test_smoke_suite_runs_every_part(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    results = main(["--smoke", "--threads", "1", "--out", str(out)])
+    results = main(["--smoke", "--threads", "1", "--gpt2-vocab", "400", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
     assert set(PARTS) <= set(results)
     assert {"cpu", "cores", "torch", "torch_threads"} <= set(results["machine"])
@@ -35,6 +35,8 @@ def test_smoke_suite_runs_every_part(tmp_path, capsys):
     assert results["limits"]["matmul_flops"] > 0 and results["limits"]["read_bandwidth"] > 0
 
     t = results["throughput"]
+    assert t["model"]["config"]["vocab_size"] == results["settings"]["gpt2"]["vocab_size"] == 400
+    assert "400-token vocabulary" in t["model"]["source"]
     assert t["quill"]["generated_tokens"] == t["workload"]["generated_tokens"]
     assert t["quill"]["preemptions"] == 0
     assert t["hf_serial"]["extrapolated"] == (SMOKE.hf_serial_subset < SMOKE.num_requests)
