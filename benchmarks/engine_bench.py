@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, replace
@@ -22,14 +21,14 @@ from pathlib import Path
 import torch
 
 from . import report
-from .hardware import describe_machine, matmul_flops, read_bandwidth
+from .hardware import describe_machine, load_average, matmul_flops, read_bandwidth
 from .parts import PARTS, BenchContext
 from .settings import FULL, PRESETS, VOCAB_32K, BenchSettings
 
 
 def run(settings: BenchSettings, parts: list[str], log=print) -> dict:
     """Run the chosen parts (in the order of PARTS) and return the results dict."""
-    machine = describe_machine() | {"load_average": _load_average()}
+    machine = describe_machine() | {"load_average": load_average()}
     log("measuring matmul FLOP/s and read bandwidth ...")
     limits = {
         "matmul_size": settings.matmul_size, "matmul_repeats": settings.matmul_repeats,
@@ -48,13 +47,8 @@ def run(settings: BenchSettings, parts: list[str], log=print) -> dict:
                 results.setdefault("part_seconds", {})[name] = time.perf_counter() - start
     finally:
         ctx.close()
-    machine["load_average_end"] = _load_average()
+    machine["load_average_end"] = load_average()
     return results
-
-
-def _load_average() -> list[float]:
-    """1, 5 and 15 minute load averages: above the core count, other work shared the CPU with the benchmark."""
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from server.engine.core import EngineCore
 
 from . import hf_runs, quill_runs, side_by_side
 from .checkpoints import describe_model, gpt2_source, save_random_gpt2
-from .hardware import describe_machine
+from .hardware import describe_machine, load_average
 from .hf_models import hf_model_for, max_logit_difference, pad_token_id
 from .server_process import free_port, running_server, serve_command
 from .settings import HTTP_FULL, HTTP_PRESETS, HttpBenchSettings
@@ -77,13 +76,13 @@ def server_config(s: HttpBenchSettings, loaded: LoadedModel, model_spec: str,
 async def _send(url: str, warm: list[BenchRequest], requests: list[BenchRequest], s: HttpBenchSettings,
                 progress: bool) -> RunResult:
     if warm:
-        run = await run_workload(url, warm, concurrency=min(len(warm), s.concurrency), rate=None, stream=True,
-                                 ignore_eos=True, duration=s.duration, progress=False, label="warm-up")
-        _require_all_ok(run, "warm-up")
-    run = await run_workload(url, requests, concurrency=s.concurrency, rate=None, stream=True, ignore_eos=True,
-                             duration=s.duration, progress=progress, label=f"HTTP, concurrency {s.concurrency}")
-    _require_all_ok(run, "the timed run")
-    return run
+        result = await run_workload(url, warm, concurrency=min(len(warm), s.concurrency), rate=None, stream=True,
+                                    ignore_eos=True, duration=s.duration, progress=False, label="warm-up")
+        _require_all_ok(result, "warm-up")
+    result = await run_workload(url, requests, concurrency=s.concurrency, rate=None, stream=True, ignore_eos=True,
+                                duration=s.duration, progress=progress, label=f"HTTP, concurrency {s.concurrency}")
+    _require_all_ok(result, "the timed run")
+    return result
 
 
 def _require_all_ok(run: RunResult, what: str) -> None:
@@ -94,17 +93,40 @@ def _require_all_ok(run: RunResult, what: str) -> None:
         raise RuntimeError(f"{what}: {len(failed)} requests failed, {run.num_not_sent} not sent{first}")
 
 
+def _model_dir(s: HttpBenchSettings, model: str | None, tmp: str, log) -> tuple[Path, str, str]:
+    """(checkpoint directory, model name, where it came from): `model`, or a random GPT-2 saved into `tmp`."""
+    if model is not None:
+        path = resolve_checkpoint_path(model)
+        return path, path.name, f"checkpoint {path}"
+    log(f"building a random GPT-2-shape model ({s.gpt2}) ...")
+    save_random_gpt2(tmp, s.gpt2, seed=s.seed)
+    return Path(tmp), "gpt2-random", gpt2_source(s.gpt2)
+
+
+def _in_process(s: HttpBenchSettings, loaded: LoadedModel, hf_model, server: ServerConfig,
+                timed: list[TokenizedRequest], warm: list[TokenizedRequest], log) -> tuple:
+    """(engine run, static batches, one at a time or None): the HTTP run's requests through the engine (the
+    server's settings) and generate(), after the server has stopped, so nothing else competes for the cores."""
+    log(f"in-process: Quill's engine, {s.concurrency} at a time ...")
+    engine_run = quill_runs.engine_throughput(EngineCore(loaded, quill_runs.engine_config(server)), timed, warm,
+                                              s.concurrency)
+    pad = pad_token_id(loaded)
+    log(f"in-process: HF generate, static batches of {s.batch_size} ...")
+    static = hf_runs.static_batches(hf_model, timed, s.batch_size, pad)
+    serial = None
+    if s.hf_serial_subset:
+        subset = spread_subset(timed, s.hf_serial_subset)
+        log(f"in-process: HF generate, one at a time, {len(subset)} of the {len(timed)} requests ...")
+        serial = hf_runs.serial(hf_model, subset, pad)
+    return engine_run, static, serial
+
+
 def run(s: HttpBenchSettings, model: str | None = None, device: str = "cpu", dtype: str = "float32",
         threads: int | None = None, log=print, progress: bool = True) -> dict:
-    machine = describe_machine() | {"load_average": _load_average()}
+    """The whole benchmark (see the module docstring); returns every figure, JSON-ready."""
+    machine = describe_machine() | {"load_average": load_average()}
     with tempfile.TemporaryDirectory(prefix="quill-http-bench-") as tmp:
-        if model is None:
-            log(f"building a random GPT-2-shape model ({s.gpt2}) ...")
-            save_random_gpt2(tmp, s.gpt2, seed=s.seed)
-            path, name, source = Path(tmp), "gpt2-random", gpt2_source(s.gpt2)
-        else:
-            path = resolve_checkpoint_path(model)
-            name, source = path.name, f"checkpoint {path}"
+        path, name, source = _model_dir(s, model, tmp, log)
         loaded = load_checkpoint(path, device=device, dtype=dtype, name=name)
         if loaded.architecture != "transformer":
             raise ValueError(f"http_bench compares with transformers generate(): it needs a Transformer, and "
@@ -118,23 +140,10 @@ def run(s: HttpBenchSettings, model: str | None = None, device: str = "cpu", dty
         log(f"starting the server: {' '.join(command)}")
         with running_server(server, s.ready_timeout, threads) as url:
             log(f"sending {len(requests)} requests over HTTP, {s.concurrency} at a time ...")
-            http = asyncio.run(_send(url, warm, requests, s, progress))
-        summary = load_report.summarize(http)
+            summary = load_report.summarize(asyncio.run(_send(url, warm, requests, s, progress)))
+        engine_run, static, serial = _in_process(s, loaded, hf_model, server, timed, warm_ids, log)
 
-        log(f"in-process: Quill's engine, {s.concurrency} at a time ...")
-        engine = EngineCore(loaded, quill_runs.engine_config(server))
-        engine_run = quill_runs.engine_throughput(engine, timed, warm_ids, s.concurrency)
-        del engine
-        pad = pad_token_id(loaded)
-        log(f"in-process: HF generate, static batches of {s.batch_size} ...")
-        static = hf_runs.static_batches(hf_model, timed, s.batch_size, pad)
-        serial = None
-        if s.hf_serial_subset:
-            subset = spread_subset(timed, s.hf_serial_subset)
-            log(f"in-process: HF generate, one at a time, {len(subset)} of the {len(timed)} requests ...")
-            serial = hf_runs.serial(hf_model, subset, pad)
-
-    machine["load_average_end"] = _load_average()
+    machine["load_average_end"] = load_average()
     return {
         "benchmark": "http_bench", "preset": s.name, "settings": asdict(s), "machine": machine,
         "model": describe_model(loaded, source) | {"name": name, "hf_model": how, "max_logit_difference": difference},
@@ -143,11 +152,6 @@ def run(s: HttpBenchSettings, model: str | None = None, device: str = "cpu", dty
         "http": summary,
         **side_by_side.compare(summary, engine_run, static, serial),
     }
-
-
-def _load_average() -> list[float]:
-    """1, 5 and 15 minute load averages: above the core count, other work shared the CPU with the benchmark."""
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -69,7 +69,7 @@ def render(r: dict) -> str:
         [f"Quill engine in-process, {c} at a time", num(e["tokens_per_s"]), num(e["seconds"], 2),
          f"{e['preemptions']} preemptions; " + steps_note(e)],
         [f"HF generate, static batches of {st['batch_size']}", num(st["tokens_per_s"]), num(st["seconds"], 2),
-         f"{st['num_batches']} batches, left padded"],
+         f"{st['num_batches']} batch{'es' if st['num_batches'] != 1 else ''}, left padded"],
         ["  same, incl. padding and overrun", num(st["computed_tokens_per_s"]), "",
          f"{st['computed_tokens']:,} token positions computed"],
     ]
