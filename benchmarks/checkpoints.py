@@ -97,3 +97,20 @@ def load_recurrent(architecture: str, kind: str) -> tuple[LoadedModel, str]:
         eos_token_ids=[0], device=torch.device("cpu"), dtype=torch.float32,
     )
     return loaded, source
+
+
+def gpt2_source(config: dict) -> str:
+    """Where the GPT-2-shape model came from, as tables print it."""
+    return f"random weights, GPT-2 shape, {config['vocab_size']:,}-token vocabulary (Hugging Face directory)"
+
+
+def describe_model(loaded: LoadedModel, source: str) -> dict:
+    """Architecture, size and dtype of a loaded model, for the JSON and the tables."""
+    params = list(loaded.model.parameters())
+    return {
+        "architecture": loaded.architecture,
+        "source": source,
+        "parameters": loaded.num_parameters,
+        "weight_bytes": sum(p.numel() * p.element_size() for p in params),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+    }

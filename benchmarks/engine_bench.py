@@ -1,8 +1,9 @@
 """Quill's engine against Hugging Face `generate()` and against the CPU's own limits, in one run.
 
-    python -m benchmarks.engine_bench --suite all --out results.json   # ~10-15 min on 2 cores
-    python -m benchmarks.engine_bench --quick                          # 1-2 min
-    python -m benchmarks.engine_bench --suite decode memory            # some parts only
+    python -m benchmarks.engine_bench --suite all --out results.json        # ~10-15 min on 2 cores
+    python -m benchmarks.engine_bench --quick                               # 1-2 min
+    python -m benchmarks.engine_bench --suite decode memory                 # some parts only
+    python -m benchmarks.engine_bench --suite throughput --gpt2-vocab 32000 # GPT-2 small, 32k vocabulary
 
 Prints a table and writes every figure (and the machine that produced it) as JSON.
 See benchmarks/README.md for what each figure means.
@@ -12,23 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from . import report
-from .hardware import describe_machine, matmul_flops, read_bandwidth
+from .hardware import describe_machine, load_average, matmul_flops, read_bandwidth
 from .parts import PARTS, BenchContext
-from .settings import FULL, PRESETS, BenchSettings
+from .settings import FULL, PRESETS, VOCAB_32K, BenchSettings
 
 
 def run(settings: BenchSettings, parts: list[str], log=print) -> dict:
     """Run the chosen parts (in the order of PARTS) and return the results dict."""
-    machine = describe_machine() | {"load_average": _load_average()}
+    machine = describe_machine() | {"load_average": load_average()}
     log("measuring matmul FLOP/s and read bandwidth ...")
     limits = {
         "matmul_size": settings.matmul_size, "matmul_repeats": settings.matmul_repeats,
@@ -47,13 +47,8 @@ def run(settings: BenchSettings, parts: list[str], log=print) -> dict:
                 results.setdefault("part_seconds", {})[name] = time.perf_counter() - start
     finally:
         ctx.close()
-    machine["load_average_end"] = _load_average()
+    machine["load_average_end"] = load_average()
     return results
-
-
-def _load_average() -> list[float]:
-    """1, 5 and 15 minute load averages: above the core count, other work shared the CPU with the benchmark."""
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -65,6 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="about a minute: fewer, shorter requests on the same models")
     size.add_argument("--smoke", action="store_const", dest="preset", const="smoke",
                       help="seconds: tiny random models; checks that the code runs, measures nothing")
+    parser.add_argument("--gpt2-vocab", type=int, metavar="N",
+                        help=f"vocabulary of the random GPT-2 (default 50,257; {VOCAB_32K:,} for the 32k figure)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     return parser.parse_args(argv)
@@ -75,6 +72,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = PRESETS[args.preset] if args.preset else FULL
+    if args.gpt2_vocab:
+        settings = replace(settings, gpt2=settings.gpt2 | {"vocab_size": args.gpt2_vocab})
     parts = list(PARTS) if "all" in args.suite else args.suite
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     results = run(settings, parts, log)

@@ -6,6 +6,7 @@ throttled machine lowers the limits and the measured speeds together.
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 
@@ -23,6 +24,11 @@ def describe_machine() -> dict:
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()}",
     }
+
+
+def load_average() -> list[float]:
+    """1, 5 and 15 minute load averages: above the core count, other work shared the CPU with the benchmark."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def best_seconds(fn, repeats: int) -> float:

@@ -1,4 +1,10 @@
-"""Timed runs of Hugging Face `generate()` on the same weights: one request at a time, and static batches."""
+"""The Hugging Face baseline: `generate()` on the same weights, one request at a time and in static batches.
+
+Static batching is what `generate()` offers for many requests: requests of one decoding setting,
+`batch_size` at a time in arrival order, each batch left-padded and run to its longest max_tokens
+before the next one starts. Every request generates exactly its max_tokens (EOS is held off by
+`min_new_tokens`), as Quill's `ignore_eos` does, and a run that stops short is an error.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,14 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from .timing import TimedRun
-from .workload import BenchRequest, num_generated, num_prompt_tokens
+from .tokenized import TokenizedRequest, num_generated, num_prompt_tokens, one_per_setting
 
 
 @dataclass(slots=True)
 class StaticBatchRun(TimedRun):
     computed_tokens: int = 0  # every row runs to its batch's longest max_tokens: padding and overrun included
     batch_size: int = 0
+    num_batches: int = 0
 
     @property
     def computed_tokens_per_s(self) -> float:
@@ -38,57 +45,67 @@ class ArrivalTimes(BaseStreamer):
         pass
 
 
-@torch.inference_mode()
-def generate_one(model, request: BenchRequest, streamer=None) -> None:
-    ids = torch.tensor([request.prompt_token_ids])
-    out = model.generate(
-        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=request.max_tokens,
-        streamer=streamer,
-    )
-    if out.shape[1] - ids.shape[1] != request.max_tokens:
-        raise RuntimeError(f"generate stopped early on {request.request_id}")
-
-
-def serial(model, requests: list[BenchRequest]) -> TimedRun:
-    """`generate()` one request at a time, after one warm-up request."""
-    generate_one(model, BenchRequest("warmup", requests[0].prompt_token_ids, 2))
-    start = time.perf_counter()
-    for r in requests:
-        generate_one(model, r)
-    return TimedRun(len(requests), num_generated(requests), num_prompt_tokens(requests), time.perf_counter() - start)
-
-
-def decode(model, request: BenchRequest) -> tuple[float, list[float]]:
-    """One request: (start time, arrival time of each generated token)."""
-    streamer = ArrivalTimes()
-    start = time.perf_counter()
-    generate_one(model, request, streamer)
-    return start, streamer.times
+def generate_kwargs(options: dict, max_tokens: int) -> dict:
+    """A request's client options as `generate()` arguments: the decoding the server is asked for."""
+    kw = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens)
+    if "beam_width" in options:
+        return kw | dict(do_sample=False, num_beams=options["beam_width"], num_return_sequences=options.get("n", 1))
+    if options.get("temperature", 1.0) == 0:
+        return kw | dict(do_sample=False)  # the mix has no greedy n > 1: its samples would all be the same
+    kw |= dict(do_sample=True, temperature=options.get("temperature", 1.0), top_k=max(0, options.get("top_k", 0)),
+               top_p=options.get("top_p", 1.0), num_return_sequences=options.get("n", 1))
+    if "min_p" in options:
+        kw["min_p"] = options["min_p"]
+    return kw
 
 
 @torch.inference_mode()
-def generate_batch(model, requests: list[BenchRequest], pad_token_id: int = 0) -> int:
-    """One left-padded batch run to its longest max_tokens; returns the tokens computed (rows x new tokens)."""
+def generate_batch(model, requests: list[TokenizedRequest], pad_id: int, streamer=None) -> int:
+    """One left-padded batch of one decoding setting, run to its longest max_tokens (a batch of one needs
+    no padding); returns the token positions computed (returned rows x new tokens)."""
     width = max(len(r.prompt_token_ids) for r in requests)
-    ids = torch.full((len(requests), width), pad_token_id, dtype=torch.long)
+    ids = torch.full((len(requests), width), pad_id, dtype=torch.long)  # (B, T)
     mask = torch.zeros_like(ids)
     for row, r in enumerate(requests):
         ids[row, width - len(r.prompt_token_ids):] = torch.tensor(r.prompt_token_ids)
         mask[row, width - len(r.prompt_token_ids):] = 1
     longest = max(r.max_tokens for r in requests)
-    out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=longest, pad_token_id=pad_token_id)
+    device = next(model.parameters()).device
+    out = model.generate(ids.to(device), attention_mask=mask.to(device), pad_token_id=pad_id, streamer=streamer,
+                         **generate_kwargs(requests[0].options, longest))
     if out.shape[1] - width != longest:
-        raise RuntimeError("a static batch stopped early")
-    return len(requests) * longest
+        raise RuntimeError(f"generate() stopped after {out.shape[1] - width} of {longest} tokens")
+    return longest * sum(r.num_returned for r in requests)
 
 
-def static_batches(model, requests: list[BenchRequest], batch_size: int) -> StaticBatchRun:
-    """Requests in arrival order, `batch_size` at a time; a batch starts when the previous one has finished."""
-    generate_batch(model, [BenchRequest("warmup", r.prompt_token_ids[:8], 2) for r in requests[:batch_size]])
+def serial(model, requests: list[TokenizedRequest], pad_id: int) -> TimedRun:
+    """`generate()` one request at a time, each after the previous one finished (after short warm-ups)."""
+    for warm in one_per_setting(requests):
+        generate_batch(model, [warm], pad_id)
     start = time.perf_counter()
-    computed = sum(generate_batch(model, requests[i : i + batch_size]) for i in range(0, len(requests), batch_size))
+    for r in requests:
+        generate_batch(model, [r], pad_id)
+    return TimedRun(len(requests), num_generated(requests), num_prompt_tokens(requests), time.perf_counter() - start)
+
+
+def static_batches(model, requests: list[TokenizedRequest], batch_size: int, pad_id: int) -> StaticBatchRun:
+    """Requests grouped by decoding setting, `batch_size` at a time in arrival order; one batch at a time."""
+    groups: dict[str, list[TokenizedRequest]] = {}
+    for r in requests:
+        groups.setdefault(r.setting, []).append(r)
+    batches = [g[i:i + batch_size] for g in groups.values() for i in range(0, len(g), batch_size)]
+    for warm in one_per_setting(requests):
+        generate_batch(model, [warm, warm], pad_id)
+    start = time.perf_counter()
+    computed = sum(generate_batch(model, batch, pad_id) for batch in batches)
     seconds = time.perf_counter() - start
-    return StaticBatchRun(
-        len(requests), num_generated(requests), num_prompt_tokens(requests), seconds,
-        computed_tokens=computed, batch_size=batch_size,
-    )
+    return StaticBatchRun(len(requests), num_generated(requests), num_prompt_tokens(requests), seconds,
+                          computed_tokens=computed, batch_size=batch_size, num_batches=len(batches))
+
+
+def decode(model, request: TokenizedRequest, pad_id: int) -> tuple[float, list[float]]:
+    """One request alone (greedy or sampling, not beam search): (start time, arrival time of each new token)."""
+    streamer = ArrivalTimes()
+    start = time.perf_counter()
+    generate_batch(model, [request], pad_id, streamer)
+    return start, streamer.times

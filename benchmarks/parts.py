@@ -9,16 +9,19 @@
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 
+from clients.bench.workload import TargetModel, WorkloadSpec, build_requests
 from models.checkpoint import LoadedModel, load_checkpoint
+from server.hosting import RECURRENT_MAX_MODEL_LEN
 
 from . import hf_runs, quill_runs
-from .checkpoints import load_recurrent, save_random_gpt2
+from .checkpoints import describe_model, gpt2_source, load_recurrent, save_random_gpt2
+from .hf_models import pad_token_id
 from .settings import BenchSettings
-from .timing import DecodeTiming, TimedRun
-from .workload import BenchRequest, make_workload, spread_subset
+from .timing import DecodeTiming
+from .tokenized import TokenizedRequest, spread_subset, tokenize
 
 
 @dataclass
@@ -42,14 +45,18 @@ class BenchContext:
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def workload(self, vocab_size: int) -> list[BenchRequest]:
+    def workload(self, loaded: LoadedModel, salt: int = 0, **changes) -> list[TokenizedRequest]:
+        """The settings' workload of token-id prompts (greedy, EOS ignored), with `changes` to its spec;
+        `salt` draws other prompts from the same seed."""
         s = self.settings
-        return make_workload(s.num_requests, s.prompt_lens, s.max_tokens, vocab_size, s.seed)
+        spec = replace(WorkloadSpec(s.num_requests, s.prompt_lens, s.max_tokens, models=["bench"], seed=s.seed,
+                                    prompts="ids"), **changes)
+        target = TargetModel(loaded.max_seq_len or RECURRENT_MAX_MODEL_LEN, vocab_size=loaded.model.config.vocab_size)
+        return tokenize(build_requests(spec, {"bench": target}, salt), tag=f"s{salt}-r")
 
-    def warmup(self, vocab_size: int) -> list[BenchRequest]:
+    def warmup(self, loaded: LoadedModel) -> list[TokenizedRequest]:
         """Other prompts than the timed ones (the prefix cache must not help), short outputs."""
-        s = self.settings
-        return make_workload(min(4, s.num_requests), s.prompt_lens, (2, 2), vocab_size, s.seed + 1)
+        return self.workload(loaded, salt=1, num_requests=min(4, self.settings.num_requests), max_tokens=(2, 2))
 
     def check_cache(self, run: str, engine, peak: float | None = None) -> None:
         self.cache_checks.append({"run": run, "usage_after": engine.cache.usage, "peak_usage": peak})
@@ -59,29 +66,10 @@ class BenchContext:
         return tokens_per_s * 2 * num_parameters / self.matmul_flops
 
 
-GPT2_SOURCE = "random weights, GPT-2 (Hugging Face directory)"
-
-
-def _run_dict(run: TimedRun, **extra) -> dict:
-    return {**asdict(run), "tokens_per_s": run.tokens_per_s, **extra}
-
-
-def describe_model(loaded: LoadedModel, source: str) -> dict:
-    params = list(loaded.model.parameters())
-    return {
-        "architecture": loaded.architecture,
-        "source": source,
-        "parameters": loaded.num_parameters,
-        "weight_bytes": sum(p.numel() * p.element_size() for p in params),
-        "dtype": str(loaded.dtype).removeprefix("torch."),
-    }
-
-
 def throughput(ctx: BenchContext) -> dict:
     s = ctx.settings
     hf_model, loaded = ctx.gpt2
-    vocab = loaded.model.config.vocab_size
-    requests, warmup = ctx.workload(vocab), ctx.warmup(vocab)
+    requests, warmup = ctx.workload(loaded), ctx.warmup(loaded)
     params = loaded.num_parameters
 
     engine = quill_runs.make_engine(loaded, requests + warmup, s.block_size, max_num_seqs=s.num_requests)
@@ -90,23 +78,23 @@ def throughput(ctx: BenchContext) -> dict:
     del engine
 
     subset = spread_subset(requests, s.hf_serial_subset)
-    serial = hf_runs.serial(hf_model, subset)
-    static = hf_runs.static_batches(hf_model, requests, batch_size=s.num_requests)
+    serial = hf_runs.serial(hf_model, subset, pad_token_id(loaded))
+    static = hf_runs.static_batches(hf_model, requests, s.num_requests, pad_token_id(loaded))
 
     extrapolated = len(subset) < len(requests)
     return {
-        "model": describe_model(loaded, GPT2_SOURCE) | {"config": s.gpt2},
+        "model": describe_model(loaded, gpt2_source(s.gpt2)) | {"config": s.gpt2},
         "workload": _describe_workload(requests),
-        "quill": _run_dict(
-            quill, mfu=ctx.mfu(quill.tokens_per_s, params),
+        "quill": quill.to_dict(
+            mfu=ctx.mfu(quill.tokens_per_s, params),
             mfu_all_tokens=ctx.mfu((quill.generated_tokens + quill.prompt_tokens) / quill.seconds, params),
         ),
-        "hf_serial": _run_dict(
-            serial, mfu=ctx.mfu(serial.tokens_per_s, params), extrapolated=extrapolated,
+        "hf_serial": serial.to_dict(
+            mfu=ctx.mfu(serial.tokens_per_s, params), extrapolated=extrapolated,
             estimated_seconds_all=sum(r.max_tokens for r in requests) / serial.tokens_per_s,
         ),
-        "hf_static": _run_dict(
-            static, computed_tokens_per_s=static.computed_tokens_per_s, mfu=ctx.mfu(static.tokens_per_s, params),
+        "hf_static": static.to_dict(
+            computed_tokens_per_s=static.computed_tokens_per_s, mfu=ctx.mfu(static.tokens_per_s, params),
             mfu_computed=ctx.mfu(static.computed_tokens_per_s, params),
         ),
         "ratios": {
@@ -116,7 +104,7 @@ def throughput(ctx: BenchContext) -> dict:
     }
 
 
-def _describe_workload(requests: list[BenchRequest]) -> dict:
+def _describe_workload(requests: list[TokenizedRequest]) -> dict:
     prompts = [len(r.prompt_token_ids) for r in requests]
     outs = [r.max_tokens for r in requests]
     return {
@@ -129,12 +117,10 @@ def _describe_workload(requests: list[BenchRequest]) -> dict:
 def decode(ctx: BenchContext) -> dict:
     s = ctx.settings
     hf_model, loaded = ctx.gpt2
-    vocab = loaded.model.config.vocab_size
     # A fresh prompt per repeat, so Quill's prefix cache never skips a prefill that HF has to run.
-    requests = make_workload(
-        s.decode_repeats + 1, (s.decode_prompt_len,) * 2, (s.decode_new_tokens,) * 2, vocab, s.seed + 2
-    )
-    warm, timed = BenchRequest("warmup", requests[0].prompt_token_ids, 4), requests[1:]
+    requests = ctx.workload(loaded, salt=2, num_requests=s.decode_repeats + 1,
+                            prompt_len=(s.decode_prompt_len,) * 2, max_tokens=(s.decode_new_tokens,) * 2)
+    warm, timed = replace(requests[0], request_id="warmup", max_tokens=4), requests[1:]
 
     def median_of_repeats(run_one) -> DecodeTiming:
         run_one(warm)
@@ -144,9 +130,9 @@ def decode(ctx: BenchContext) -> dict:
     quill = median_of_repeats(lambda r: quill_runs.engine_decode(engine, r))
     ctx.check_cache("single-request decode (Quill engine)", engine)
     loop = median_of_repeats(lambda r: quill_runs.step_loop(loaded, r, s.block_size))
-    hf = median_of_repeats(lambda r: hf_runs.decode(hf_model, r))
+    hf = median_of_repeats(lambda r: hf_runs.decode(hf_model, r, pad_token_id(loaded)))
 
-    model = describe_model(loaded, GPT2_SOURCE)
+    model = describe_model(loaded, gpt2_source(s.gpt2))
     floor_ms = 1000 * model["weight_bytes"] / ctx.read_bandwidth
     timings = {"quill_engine": quill, "quill_step_loop": loop, "hf_generate": hf}
     return {
@@ -165,8 +151,7 @@ def recurrent(ctx: BenchContext) -> dict:
 def _recurrent_one(ctx: BenchContext, architecture: str) -> dict:
     s = ctx.settings
     loaded, source = load_recurrent(architecture, s.recurrent_models)
-    vocab = loaded.model.config.vocab_size
-    requests, warmup = ctx.workload(vocab), ctx.warmup(vocab)
+    requests, warmup = ctx.workload(loaded), ctx.warmup(loaded)
 
     engine = quill_runs.make_engine(loaded, requests + warmup, s.block_size, max_num_seqs=s.num_requests)
     batched = quill_runs.engine_throughput(engine, requests, warmup)
@@ -178,9 +163,9 @@ def _recurrent_one(ctx: BenchContext, architecture: str) -> dict:
     return {
         "model": describe_model(loaded, source) | {"bytes_per_slot": engine.state.bytes_per_slot},
         "workload": _describe_workload(requests),
-        "quill": _run_dict(batched),
-        "step_loop_serial": _run_dict(loop, extrapolated=len(subset) < len(requests)),
-        "engine_serial": _run_dict(one_by_one, extrapolated=len(subset) < len(requests)),
+        "quill": batched.to_dict(),
+        "step_loop_serial": loop.to_dict(extrapolated=len(subset) < len(requests)),
+        "engine_serial": one_by_one.to_dict(extrapolated=len(subset) < len(requests)),
         "ratios": {
             "quill_vs_step_loop": batched.tokens_per_s / loop.tokens_per_s,
             "quill_vs_engine_serial": batched.tokens_per_s / one_by_one.tokens_per_s,
@@ -192,8 +177,7 @@ def memory(ctx: BenchContext) -> dict:
     s = ctx.settings
     _, loaded = ctx.gpt2
     if not ctx.cache_checks:  # run alone: serve a few requests so there is something to check
-        vocab = loaded.model.config.vocab_size
-        requests = ctx.warmup(vocab)
+        requests = ctx.warmup(loaded)
         engine = quill_runs.make_engine(loaded, requests, s.block_size, max_num_seqs=len(requests))
         peak = quill_runs.drive(engine, requests)
         ctx.check_cache("memory check (Quill, a few requests)", engine, peak)

@@ -1,4 +1,5 @@
-"""Timed runs of Quill: the engine (batched or one request at a time) and the bare model step loop."""
+"""Timed runs of Quill in-process: the engine (batched, at a fixed concurrency, or one request at a time)
+and the bare model step loop."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import torch
 
 from models.batch import StepBatch
 from models.checkpoint import LoadedModel
+from server.config import ServerConfig
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 
 from .timing import TimedRun
-from .workload import BenchRequest, num_generated, num_prompt_tokens
+from .tokenized import TokenizedRequest, num_generated, num_prompt_tokens
 
 
 @dataclass(slots=True)
@@ -38,28 +40,60 @@ class StepLog:
     steps: list[tuple[float, int, int]] = field(default_factory=list)
 
 
-def make_engine(loaded: LoadedModel, requests: list[BenchRequest], block_size: int, max_num_seqs: int) -> EngineCore:
+def _width(request: TokenizedRequest) -> int:
+    """Sequences a request runs at once: its samples or its beams."""
+    return max(request.num_returned, request.options.get("beam_width", 1))
+
+
+def blocks_needed(requests: list[TokenizedRequest], block_size: int) -> int:
+    """K,V blocks that hold every request at full length at once (every sample or beam its own copy)."""
+    return sum((-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) + 1) * _width(r) for r in requests)
+
+
+def make_engine(loaded: LoadedModel, requests: list[TokenizedRequest], block_size: int,
+                max_num_seqs: int) -> EngineCore:
     """An engine whose K,V cache holds every request at full length, so nothing is preempted."""
-    blocks = sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) + 1 for r in requests)
     return EngineCore(loaded, EngineConfig(
-        SchedulerConfig(max_num_seqs=max_num_seqs), CacheConfig(block_size=block_size, num_blocks=blocks),
+        SchedulerConfig(max_num_seqs=max_num_seqs),
+        CacheConfig(block_size=block_size, num_blocks=blocks_needed(requests, block_size)),
     ))
 
 
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+def engine_config(server: ServerConfig) -> EngineConfig:
+    """As `server.hosting` builds it from `quill serve`'s flags."""
+    return EngineConfig(
+        SchedulerConfig(server.max_num_seqs, server.max_num_batched_tokens, server.max_queue),
+        CacheConfig(block_size=server.block_size, cache_bytes=server.cache_bytes,
+                    enable_prefix_caching=server.enable_prefix_caching),
+    )
 
 
-def drive(engine: EngineCore, requests: list[BenchRequest], on_tokens=None, log: StepLog | None = None) -> float:
-    """Submit `requests`, step until all finish; returns the peak cache usage.
+def sampling_params(request: TokenizedRequest) -> SamplingParams:
+    """As the OpenAI route maps a request's fields (beam search: best_of is the width); EOS ignored."""
+    o = request.options
+    if "beam_width" in o:
+        return SamplingParams(n=o.get("n", 1), max_tokens=request.max_tokens, temperature=0, use_beam_search=True,
+                              beam_width=o["beam_width"], ignore_eos=True)
+    return SamplingParams(n=o.get("n", 1), max_tokens=request.max_tokens, temperature=o.get("temperature", 1.0),
+                          top_k=o.get("top_k", -1), top_p=o.get("top_p", 1.0), min_p=o.get("min_p", 0.0),
+                          seed=request.seed, ignore_eos=True)
+
+
+def drive(engine: EngineCore, requests: list[TokenizedRequest], concurrency: int | None = None, on_tokens=None,
+          log: StepLog | None = None) -> float:
+    """Step until every request finished, at most `concurrency` in flight (a new one enters when one
+    finishes; None: all submitted at once); returns the peak cache usage.
 
     `on_tokens()` is called after every step that produced tokens (for per-token timing).
     """
-    for r in requests:
-        engine.add_request(r.request_id, r.prompt_token_ids, greedy(r.max_tokens))
+    waiting = list(reversed(requests))
     counts = {r.request_id: 0 for r in requests}
-    peak = 0.0
-    while engine.has_work():
+    in_flight, peak = 0, 0.0
+    while waiting or engine.has_work():
+        while waiting and (concurrency is None or in_flight < concurrency):
+            r = waiting.pop()
+            engine.add_request(r.request_id, r.prompt_token_ids, sampling_params(r))
+            in_flight += 1
         start = time.perf_counter()
         outputs = engine.step()
         if log is not None:
@@ -69,22 +103,25 @@ def drive(engine: EngineCore, requests: list[BenchRequest], on_tokens=None, log:
             if out.error:
                 raise RuntimeError(f"request {out.request_id} failed: {out.error}")
             counts[out.request_id] += sum(len(c.token_ids) for c in out.outputs)
+            in_flight -= out.finished
         if on_tokens is not None and outputs:
             on_tokens()
-    expected = {r.request_id: r.max_tokens for r in requests}
+    expected = {r.request_id: r.max_tokens * r.num_returned for r in requests}
     short = {rid: n for rid, n in counts.items() if n != expected[rid]}
     if short:
         raise RuntimeError(f"requests did not generate exactly max_tokens: {short}")
     return peak
 
 
-def engine_throughput(engine: EngineCore, requests: list[BenchRequest], warmup: list[BenchRequest]) -> EngineRun:
-    """All `requests` submitted at once and stepped to completion (after a warm-up on other prompts)."""
+def engine_throughput(engine: EngineCore, requests: list[TokenizedRequest], warmup: list[TokenizedRequest],
+                      concurrency: int | None = None) -> EngineRun:
+    """`requests` stepped to completion, at most `concurrency` at a time (None: all submitted at once),
+    after a warm-up on other prompts."""
     drive(engine, warmup)
     preempted_before = engine.scheduler.num_preemptions
     log = StepLog()
     start = time.perf_counter()
-    peak = drive(engine, requests, log=log)
+    peak = drive(engine, requests, concurrency, log=log)
     seconds = time.perf_counter() - start
     prefill = [s for s in log.steps if s[2] > s[1]]
     decode = [s for s in log.steps if s[2] == s[1]] or [(0.0, 0, 0)]
@@ -98,7 +135,7 @@ def engine_throughput(engine: EngineCore, requests: list[BenchRequest], warmup: 
     )
 
 
-def engine_serial(engine: EngineCore, requests: list[BenchRequest], warmup: list[BenchRequest]) -> TimedRun:
+def engine_serial(engine: EngineCore, requests: list[TokenizedRequest], warmup: list[TokenizedRequest]) -> TimedRun:
     """The same engine given one request at a time: each must finish before the next arrives."""
     drive(engine, warmup[:1])
     start = time.perf_counter()
@@ -107,7 +144,7 @@ def engine_serial(engine: EngineCore, requests: list[BenchRequest], warmup: list
     return TimedRun(len(requests), num_generated(requests), num_prompt_tokens(requests), time.perf_counter() - start)
 
 
-def engine_decode(engine: EngineCore, request: BenchRequest) -> tuple[float, list[float]]:
+def engine_decode(engine: EngineCore, request: TokenizedRequest) -> tuple[float, list[float]]:
     """One request alone: (start time, arrival time of each generated token)."""
     arrivals: list[float] = []
     start = time.perf_counter()
@@ -116,7 +153,7 @@ def engine_decode(engine: EngineCore, request: BenchRequest) -> tuple[float, lis
 
 
 @torch.inference_mode()
-def step_loop(loaded: LoadedModel, request: BenchRequest, block_size: int) -> tuple[float, list[float]]:
+def step_loop(loaded: LoadedModel, request: TokenizedRequest, block_size: int) -> tuple[float, list[float]]:
     """The model's incremental `step` driven directly for one sequence, greedy, no engine around it.
 
     What `quill generate` does, minus sampling and text: the least a single stream can cost.
@@ -142,7 +179,7 @@ def step_loop(loaded: LoadedModel, request: BenchRequest, block_size: int) -> tu
     return start, arrivals
 
 
-def step_loop_serial(loaded: LoadedModel, requests: list[BenchRequest], block_size: int) -> TimedRun:
+def step_loop_serial(loaded: LoadedModel, requests: list[TokenizedRequest], block_size: int) -> TimedRun:
     step_loop(loaded, requests[0], block_size)  # warm-up
     start = time.perf_counter()
     for r in requests:

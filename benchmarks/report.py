@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def _table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+def table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
     """Aligned columns: the first and last (labels, notes) to the left, the numbers between to the right."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     last = len(header) - 1
@@ -15,15 +15,15 @@ def _table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list
     return [fmt(header), indent + "-" * (sum(widths) + 2 * last), *map(fmt, rows)]
 
 
-def _n(x: float, digits: int = 1) -> str:
+def num(x: float, digits: int = 1) -> str:
     return f"{x:,.{digits}f}"
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _model_line(m: dict) -> str:
+def model_line(m: dict) -> str:
     return f"{m['source']}, {m['parameters'] / 1e6:.1f}M parameters, {m['weight_bytes'] / 2**20:.0f} MiB {m['dtype']}"
 
 
@@ -33,7 +33,7 @@ def _workload_line(w: dict) -> str:
             "greedy, EOS ignored")
 
 
-def _steps_note(run: dict) -> str:
+def steps_note(run: dict) -> str:
     return (f"{run['steps']} steps; {run['prefill_steps']} with prompt tokens: {run['prefill_step_seconds']:.1f} s; "
             f"decode step median {run['decode_step_ms_median']:,.0f} ms at {run['decode_step_batch_median']:.0f} seqs")
 
@@ -48,8 +48,8 @@ def header(results: dict) -> list[str]:
         f"Quill engine benchmark ({results['preset']})",
         f"Machine: {m['cpu']} | {m['cores']} cores | torch {m['torch']} | torch threads: {m['torch_threads']} "
         f"| load average (1/5/15 min) {m['load_average']} at start, {m['load_average_end']} at end",
-        f"Limits measured in this run: float32 matmul {lim['matmul_size']}^3 {_n(lim['matmul_flops'] / 1e9)} GFLOP/s "
-        f"(best of {lim['matmul_repeats']}); read bandwidth {_n(lim['read_bandwidth'] / 1e9)} GB/s "
+        f"Limits measured in this run: float32 matmul {lim['matmul_size']}^3 {num(lim['matmul_flops'] / 1e9)} GFLOP/s "
+        f"(best of {lim['matmul_repeats']}); read bandwidth {num(lim['read_bandwidth'] / 1e9)} GB/s "
         f"(sum of {lim['bandwidth_bytes'] / 2**20:,.0f} MiB float32, best of {lim['bandwidth_repeats']})",
         *busy,
     ]
@@ -62,22 +62,22 @@ def throughput(t: dict) -> list[str]:
         serial_note = (f"timed on {hs['num_requests']} of {t['workload']['num_requests']} requests, extrapolated "
                        f"(all would take ~{hs['estimated_seconds_all']:.0f} s)")
     rows = [
-        ["Quill engine, all submitted at once", _n(q["tokens_per_s"]), _pct(q["mfu"]), _n(q["seconds"], 2),
-         f"{q['preemptions']} preemptions; " + _steps_note(q)],
-        ["  same, MFU counting prompt tokens too", "", _pct(q["mfu_all_tokens"]), "",
+        ["Quill engine, all submitted at once", num(q["tokens_per_s"]), pct(q["mfu"]), num(q["seconds"], 2),
+         f"{q['preemptions']} preemptions; " + steps_note(q)],
+        ["  same, MFU counting prompt tokens too", "", pct(q["mfu_all_tokens"]), "",
          f"{q['prompt_tokens']:,} prompt tokens prefilled"],
-        ["HF generate, one request at a time", _n(hs["tokens_per_s"]), _pct(hs["mfu"]), _n(hs["seconds"], 2),
+        ["HF generate, one request at a time", num(hs["tokens_per_s"]), pct(hs["mfu"]), num(hs["seconds"], 2),
          serial_note],
-        [f"HF generate, static batches of {hb['batch_size']}", _n(hb["tokens_per_s"]), _pct(hb["mfu"]),
-         _n(hb["seconds"], 2), "requested tokens only, left padded"],
-        ["  same, incl. padding and overrun", _n(hb["computed_tokens_per_s"]), _pct(hb["mfu_computed"]), "",
+        [f"HF generate, static batches of {hb['batch_size']}", num(hb["tokens_per_s"]), pct(hb["mfu"]),
+         num(hb["seconds"], 2), "requested tokens only, left padded"],
+        ["  same, incl. padding and overrun", num(hb["computed_tokens_per_s"]), pct(hb["mfu_computed"]), "",
          f"{hb['computed_tokens']:,} token positions computed"],
     ]
     r = t["ratios"]
     return [
-        "1. Transformer throughput: " + _model_line(t["model"]),
+        "1. Transformer throughput: " + model_line(t["model"]),
         "   " + _workload_line(t["workload"]),
-        *_table(["run", "tokens/s", "MFU", "seconds", "note"], rows),
+        *table(["run", "tokens/s", "MFU", "seconds", "note"], rows),
         f"  Quill vs HF static batch: {r['quill_vs_hf_static']:.2f}x   "
         f"Quill vs HF one at a time: {r['quill_vs_hf_serial']:.2f}x",
     ]
@@ -86,14 +86,14 @@ def throughput(t: dict) -> list[str]:
 def decode(d: dict) -> list[str]:
     names = {"quill_engine": "Quill engine, one request", "quill_step_loop": "Quill model step loop (no engine)",
              "hf_generate": "HF generate"}
-    rows = [[label, _n(d[k]["ms_per_token"], 2), f"{d[k]['ratio_to_floor']:.2f}x", _n(d[k]["first_token_ms"]),
-             _n(d[k]["total_s"], 2), ""] for k, label in names.items()]
-    rows.append(["memory-bandwidth floor", _n(d["floor_ms_per_token"], 2), "1.00x", "", "",
+    rows = [[label, num(d[k]["ms_per_token"], 2), f"{d[k]['ratio_to_floor']:.2f}x", num(d[k]["first_token_ms"]),
+             num(d[k]["total_s"], 2), ""] for k, label in names.items()]
+    rows.append(["memory-bandwidth floor", num(d["floor_ms_per_token"], 2), "1.00x", "", "",
                  f"{d['model']['weight_bytes'] / 2**20:,.0f} MiB of weights / read bandwidth"])
     return [
         f"2. Single-request decode: prompt {d['prompt_tokens']} tokens, {d['new_tokens']} new tokens, "
         f"median of {d['quill_engine']['repeats']} run{'s' if d['quill_engine']['repeats'] > 1 else ''}",
-        *_table(["run", "ms/token", "vs floor", "first token ms", "total s", "note"], rows),
+        *table(["run", "ms/token", "vs floor", "first token ms", "total s", "note"], rows),
     ]
 
 
@@ -105,15 +105,15 @@ def recurrent(r: dict) -> list[str]:
         if not loop["extrapolated"]:
             subset = "all requests"
         rows = [
-            ["Quill engine, all submitted at once", _n(q["tokens_per_s"]), _n(q["seconds"], 2), _steps_note(q)],
-            ["model step loop, one at a time (baseline)", _n(loop["tokens_per_s"]), _n(loop["seconds"], 2), subset],
-            ["Quill engine, one at a time", _n(one["tokens_per_s"]), _n(one["seconds"], 2), subset],
+            ["Quill engine, all submitted at once", num(q["tokens_per_s"]), num(q["seconds"], 2), steps_note(q)],
+            ["model step loop, one at a time (baseline)", num(loop["tokens_per_s"]), num(loop["seconds"], 2), subset],
+            ["Quill engine, one at a time", num(one["tokens_per_s"]), num(one["seconds"], 2), subset],
         ]
         ratios = x["ratios"]
         lines += [
-            f"  {arch}: " + _model_line(x["model"]),
+            f"  {arch}: " + model_line(x["model"]),
             "  " + _workload_line(x["workload"]),
-            *_table(["run", "tokens/s", "seconds", "note"], rows, indent="    "),
+            *table(["run", "tokens/s", "seconds", "note"], rows, indent="    "),
             f"    Quill vs step loop: {ratios['quill_vs_step_loop']:.2f}x   "
             f"Quill vs engine one at a time: {ratios['quill_vs_engine_serial']:.2f}x",
         ]
@@ -121,14 +121,14 @@ def recurrent(r: dict) -> list[str]:
 
 
 def memory(m: dict) -> list[str]:
-    rows = [[c["run"], "" if c["peak_usage"] is None else _pct(c["peak_usage"]), f"{c['usage_after']:.3f}"]
+    rows = [[c["run"], "" if c["peak_usage"] is None else pct(c["peak_usage"]), f"{c['usage_after']:.3f}"]
             for c in m["cache_checks"]]
     return [
         f"4. Memory: GPT-2 K,V cache {m['kv_bytes_per_token']:,} bytes per token "
         f"({m['kv_bytes_per_token'] / 1024:.0f} KiB), {m['kv_bytes_full_context'] / 2**20:.0f} MiB for a full "
         f"{m['max_seq_len']}-token sequence",
         f"   expected {m['kv_bytes_per_token_expected']:,} = {m['kv_bytes_per_token_formula']}",
-        *_table(["engine run", "peak cache usage", "usage after"], rows),
+        *table(["engine run", "peak cache usage", "usage after"], rows),
         f"  every cache back to 0 after its requests finished: {'yes' if m['all_caches_empty_after'] else 'NO'}",
     ]
 

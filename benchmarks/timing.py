@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 
 @dataclass(slots=True)
@@ -18,6 +18,10 @@ class TimedRun:
     @property
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.seconds
+
+    def to_dict(self, **extra) -> dict:
+        """Every field, the rate, and `extra`: JSON-ready."""
+        return {**asdict(self), "tokens_per_s": self.tokens_per_s, **extra}
 
 
 def inter_token_ms(timestamps: list[float]) -> list[float]:

@@ -1,6 +1,7 @@
-"""`quill bench`: a load generator for a running Quill server, with its report and plots.
+"""`quill bench`: a load generator for a running Quill server, over HTTP only, with its report and plots.
 
-workload (what is sent) -> runner (sending it, timing every chunk) -> report (figures, JSON)
--> plots (PNGs); context_sweep (decode latency against context length); baseline* (the same
-workload in-process: Quill's engine and transformers generate()). cli wires them together.
+workload (what is sent; also what benchmarks/ replays in-process) -> runner (sending it, timing
+every chunk) -> report (figures, JSON) -> plots (PNGs); context_sweep (decode latency against
+context length); target (the server under test). cli wires them together. Nothing here imports
+the server, the models, torch or transformers: in-process baselines live in benchmarks/.
 """

@@ -15,7 +15,7 @@ from clients.client import DEFAULT_URL, Client
 from . import context_sweep, report
 from .runner import run_workload
 from .target import hosted_models, require_loopback, tokens_per_word
-from .workload import WorkloadSpec, build_requests, parse_mix, parse_range
+from .workload import TargetModel, WorkloadSpec, build_requests, parse_mix, parse_range
 
 DEFAULT_MIX = "greedy=0.4,top_p=0.3,beam=0.1,n2=0.2"
 
@@ -33,9 +33,10 @@ def _int_list(text: str) -> list[int]:
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help="load-test a running server: throughput, TTFT, inter-token and end-to-end latency",
-        description="Load-test a running Quill server. Modes: one run (default), --sweep over concurrencies "
-                    "(PNG plots), --context-sweep (decode latency against context length), and --baseline hf "
-                    "(the same workload in-process through Quill's engine and transformers generate()).",
+        description="Load-test a running Quill server over HTTP. Modes: one run (default), --sweep over "
+                    "concurrencies (PNG plots), and --context-sweep (decode latency against context length). "
+                    "The same workload against transformers generate() and the engine in-process, side by side: "
+                    "python -m benchmarks.http_bench (in the repository).",
     )
     p.add_argument("--url", default=os.environ.get("QUILL_URL", DEFAULT_URL), help="server URL (env QUILL_URL)")
     p.add_argument("--api-key", default=os.environ.get("QUILL_API_KEY"), help="bearer token (env QUILL_API_KEY)")
@@ -68,14 +69,6 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                        help="prompt lengths for --context-sweep, capped by each model's max_model_len")
     modes.add_argument("--context-decode-tokens", type=int, default=32, help="tokens decoded per context point")
     modes.add_argument("--context-repeats", type=int, default=3, help="requests per context point")
-    modes.add_argument("--baseline", choices=["hf"], default=None,
-                       help="also run the workload in-process: Quill's engine and transformers generate() "
-                            "(one at a time and static batches) on the model's checkpoint; Transformers only")
-    modes.add_argument("--baseline-checkpoint", default=None,
-                       help="checkpoint directory of the benched model (default: the bundled one of that name)")
-    modes.add_argument("--baseline-device", default="auto", help="auto | cpu | cuda")
-    modes.add_argument("--baseline-serial-requests", type=int, default=16,
-                       help="requests timed for HF one-at-a-time (spread over the workload; tokens/s is a rate)")
     out = p.add_argument_group("output")
     out.add_argument("--out", default="runs/bench/bench.json", help="JSON result file")
     out.add_argument("--plot-dir", default=None, help="where PNGs go (default: the JSON file's directory)")
@@ -87,31 +80,12 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
 def _check_args(args: argparse.Namespace) -> None:
     if args.sweep and args.rate is not None:
         raise ValueError("--sweep varies the concurrency; it cannot be combined with --rate")
-    if args.baseline and args.rate is not None:
-        raise ValueError("--baseline compares at a fixed concurrency; drop --rate")
-    if args.baseline and not args.ignore_eos:
-        raise ValueError("--baseline needs every request to generate exactly max_tokens; drop --allow-eos")
-    if args.context_sweep and (args.sweep or args.baseline):
-        raise ValueError("--context-sweep is a mode of its own: run it without --sweep and --baseline")
+    if args.context_sweep and args.sweep:
+        raise ValueError("--context-sweep is a mode of its own: run it without --sweep")
     if args.concurrency is not None and args.concurrency < 1:
         raise ValueError("--concurrency must be at least 1")
     if args.duration <= 0:
         raise ValueError("--duration must be positive")
-
-
-def _baseline_target(args, models) -> tuple:
-    """(the hosted Transformer the baseline runs, its checkpoint directory), checked before any load is sent."""
-    try:
-        import transformers  # noqa: F401  (an optional dependency: the test extra has it)
-    except ImportError:
-        raise ValueError("--baseline hf needs the transformers package: pip install transformers") from None
-    from .baseline import checkpoint_for  # torch loads here, for this mode only
-
-    candidates = [m for m in models if m.architecture == "transformer"]
-    if not candidates:
-        raise ValueError("--baseline hf needs a Transformer model; the server hosts "
-                         + ", ".join(f"{m.id} ({m.architecture})" for m in models))
-    return candidates[0], checkpoint_for(candidates[0].id, args.baseline_checkpoint)
 
 
 def _title(spec: WorkloadSpec, machine: dict) -> str:
@@ -144,17 +118,13 @@ def _run_context_sweep(args, models, per_word, payload, plot_dir: Path) -> None:
 
 
 def _run_load(args, models, per_word, payload, plot_dir: Path) -> None:
-    if args.baseline:
-        model, checkpoint = _baseline_target(args, models)
-        models = [model]
-        print(f"--baseline: the workload goes to {model.id} only; in-process runs on {checkpoint}")
     spec = WorkloadSpec(
         num_requests=args.num_requests, prompt_len=parse_range(args.prompt_len, "--prompt-len"),
         max_tokens=parse_range(args.max_tokens, "--max-tokens"), mix=parse_mix(args.mix),
         models=[m.id for m in models], rate=args.rate, stream=args.stream, ignore_eos=args.ignore_eos, seed=args.seed,
     )
-    limits = {m.id: m.max_model_len or 4096 for m in models}
-    requests = build_requests(spec, per_word, limits)
+    targets = {m.id: TargetModel(m.max_model_len or 4096, per_word[m.id]) for m in models}
+    requests = build_requests(spec, targets)
     concurrencies = args.sweep or [args.concurrency or (None if args.rate else 8)]
     payload["workload"] = spec.describe()
     payload["runs"] = []
@@ -166,30 +136,22 @@ def _run_load(args, models, per_word, payload, plot_dir: Path) -> None:
 
     if args.warmup:
         warm = dataclasses.replace(spec, num_requests=args.warmup, rate=None)
-        go(build_requests(warm, per_word, limits, salt=1), min(args.warmup, 8), "warm-up", False)
-    summaries, ttfts, last = [], {}, None
+        go(build_requests(warm, targets, salt=1), min(args.warmup, 8), "warm-up", False)
+    summaries, ttfts = [], {}
     for concurrency in concurrencies:
-        last = go(requests, concurrency, f"concurrency {concurrency}" if concurrency else f"{args.rate} req/s",
-                  args.progress)
-        summary = report.summarize(last)
+        run = go(requests, concurrency, f"concurrency {concurrency}" if concurrency else f"{args.rate} req/s",
+                 args.progress)
+        summary = report.summarize(run)
         summaries.append(summary)
-        ttfts[concurrency] = [r.ttft for r in last.results if r.is_ok and not r.answers_at_end and r.ttft is not None]
+        ttfts[concurrency] = [r.ttft for r in run.results if r.is_ok and not r.answers_at_end and r.ttft is not None]
         print(report.format_summary(summary), end="\n\n", flush=True)
-        payload["runs"].append({"summary": summary, "requests": report.request_records(last)})
+        payload["runs"].append({"summary": summary, "requests": report.request_records(run)})
     if args.sweep:
         from . import plots
 
         paths = plots.sweep_plots(summaries, ttfts, plot_dir, _title(spec, payload["machine"]))
         payload["plots"] = [str(p) for p in paths]
         print("plots: " + ", ".join(payload["plots"]))
-    if args.baseline:
-        from .baseline import format_baseline, run_baselines
-
-        ok = {r.index for r in last.results if r.is_ok}
-        payload["baseline"] = run_baselines(
-            checkpoint, [r for r in requests if r.index in ok], summaries[-1], concurrencies[-1],
-            device=args.baseline_device, serial_limit=args.baseline_serial_requests)
-        print(format_baseline(payload["baseline"]))
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -1,9 +1,16 @@
-"""What `quill bench` sends: the request mix, the prompts, and when each request leaves.
+"""What a benchmark sends: the request mix, the prompts, their lengths, the seeds, when each request leaves.
 
-Prompts are text, built without a tokenizer: words drawn (seeded) from a list of common
-Shakespearean words. The bench learns each model's tokens per word from one probe request
-(the server's `usage.prompt_tokens`), so `--prompt-len` is in tokens, approximately, for any
-tokenizer; the JSON records the exact counts the server reports.
+The one workload definition of the repository: `quill bench` sends it over HTTP, and the
+in-process runs of `benchmarks/` (Quill's engine, transformers `generate()`) replay the same
+requests, so every figure of a comparison is measured on the same work.
+
+Prompts are of two kinds:
+- text (`quill bench`'s default): words drawn (seeded) from a list of common Shakespearean words,
+  built without a tokenizer. Each model's tokens per word (from one probe) turns `prompt_len` into a
+  word count, so lengths are in tokens approximately, for any tokenizer; the JSON records the exact
+  counts the server reports.
+- token ids: exactly `prompt_len` ids drawn from [1, vocab_size) (id 0 is left out: the benchmarks'
+  tokenizers keep end-of-sequence there). No two prompts share a prefix, so prefix caching cannot help.
 """
 
 from __future__ import annotations
@@ -89,10 +96,25 @@ def parse_range(text: str, name: str) -> tuple[int, int]:
     return lo, hi
 
 
+PROMPT_KINDS = {  # kind -> how the JSON describes it
+    "text": "seeded random Shakespearean words; lengths in tokens via each model's tokens-per-word",
+    "ids": "seeded random token ids in [1, vocab_size), exactly prompt_len of them",
+}
+
+
+@dataclass(frozen=True)
+class TargetModel:
+    """What sizing a model's prompts needs to know about it."""
+
+    max_model_len: int
+    tokens_per_word: float = 1.0  # text prompts: measured with the model's tokenizer
+    vocab_size: int | None = None  # token-id prompts: ids are drawn below it
+
+
 @dataclass
 class WorkloadSpec:
     num_requests: int = 64
-    prompt_len: tuple[int, int] = (32, 128)  # tokens, approximately (see the module docstring)
+    prompt_len: tuple[int, int] = (32, 128)  # tokens: exact for id prompts, about right for text
     max_tokens: tuple[int, int] = (16, 128)
     mix: list[tuple[Strategy, float]] = field(default_factory=lambda: parse_mix("greedy"))
     models: list[str] = field(default_factory=list)  # requests go round-robin over these
@@ -100,10 +122,13 @@ class WorkloadSpec:
     stream: bool = True
     ignore_eos: bool = True  # so that every request generates exactly its max_tokens
     seed: int = 0
+    prompts: str = "text"  # or "ids" (see the module docstring)
 
     def __post_init__(self):
         if self.num_requests < 1:
             raise ValueError("--num-requests must be at least 1")
+        if self.prompts not in PROMPT_KINDS:
+            raise ValueError(f"prompts must be one of {', '.join(PROMPT_KINDS)}, got {self.prompts!r}")
         if self.rate is not None and self.rate <= 0:
             raise ValueError("--rate must be positive")
 
@@ -112,7 +137,7 @@ class WorkloadSpec:
             "num_requests": self.num_requests, "prompt_len": list(self.prompt_len), "max_tokens": list(self.max_tokens),
             "mix": {s.name: round(w, 6) for s, w in self.mix}, "models": self.models, "rate": self.rate,
             "stream": self.stream, "ignore_eos": self.ignore_eos, "seed": self.seed,
-            "prompts": "seeded random Shakespearean words; lengths in tokens via each model's tokens-per-word",
+            "prompts": PROMPT_KINDS[self.prompts],
         }
 
 
@@ -120,7 +145,7 @@ class WorkloadSpec:
 class BenchRequest:
     index: int
     model: str
-    prompt: str
+    prompt: str | list[int]  # text, or token ids
     target_prompt_tokens: int
     max_tokens: int
     strategy: Strategy
@@ -138,9 +163,20 @@ def make_prompt(rng: random.Random, num_words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(max(1, num_words)))
 
 
-def build_requests(
-    spec: WorkloadSpec, tokens_per_word: dict[str, float], max_model_len: dict[str, int], salt: int = 0
-) -> list[BenchRequest]:
+def make_id_prompt(rng: random.Random, num_tokens: int, vocab_size: int) -> list[int]:
+    return [rng.randrange(1, vocab_size) for _ in range(num_tokens)]
+
+
+def _prompt(spec: WorkloadSpec, rng: random.Random, target: TargetModel, num_tokens: int) -> str | list[int]:
+    if spec.prompts == "ids":
+        if not target.vocab_size or target.vocab_size < 2:
+            raise ValueError("token-id prompts need each model's vocab_size")
+        return make_id_prompt(rng, num_tokens, target.vocab_size)
+    # Under-shoot the word count a little: the tokens-per-word ratio is an average.
+    return make_prompt(rng, max(1, int(num_tokens / target.tokens_per_word * 0.9)))
+
+
+def build_requests(spec: WorkloadSpec, targets: dict[str, TargetModel], salt: int = 0) -> list[BenchRequest]:
     """The whole workload, reproducible from `spec.seed` (and `salt`, which warm-up requests change).
 
     A request that would not fit its model's context gets a shorter prompt, then fewer new tokens.
@@ -150,15 +186,15 @@ def build_requests(
     clock, requests = 0.0, []
     for i in range(spec.num_requests):
         model = spec.models[i % len(spec.models)]
-        limit = max_model_len[model]
+        target = targets[model]
+        limit = target.max_model_len
         max_tokens = min(rng.randint(*spec.max_tokens), max(1, limit // 2))
         prompt_tokens = max(1, min(rng.randint(*spec.prompt_len), limit - max_tokens - 2))
-        # Under-shoot the word count a little: the tokens-per-word ratio is an average.
-        words = max(1, int(prompt_tokens / tokens_per_word[model] * 0.9))
+        prompt = _prompt(spec, rng, target, prompt_tokens)
         if spec.rate is not None:
             clock += rng.expovariate(spec.rate)
         requests.append(BenchRequest(
-            i, model, make_prompt(rng, words), prompt_tokens, max_tokens, rng.choices(strategies, weights)[0],
+            i, model, prompt, prompt_tokens, max_tokens, rng.choices(strategies, weights)[0],
             clock if spec.rate is not None else 0.0, spec.seed * 100_000 + i,
         ))
     return requests

@@ -12,7 +12,8 @@ pytest.importorskip("transformers")
 from benchmarks.engine_bench import main, run
 from benchmarks.parts import PARTS
 from benchmarks.settings import SMOKE
-from benchmarks.workload import make_workload, spread_subset
+from benchmarks.tokenized import spread_subset, tokenize
+from clients.bench.workload import TargetModel, WorkloadSpec, build_requests
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +27,7 @@ def one_thread():
 
 def test_smoke_suite_runs_every_part(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    results = main(["--smoke", "--threads", "1", "--out", str(out)])
+    results = main(["--smoke", "--threads", "1", "--gpt2-vocab", "400", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
     assert set(PARTS) <= set(results)
     assert {"cpu", "cores", "torch", "torch_threads"} <= set(results["machine"])
@@ -34,6 +35,8 @@ def test_smoke_suite_runs_every_part(tmp_path, capsys):
     assert results["limits"]["matmul_flops"] > 0 and results["limits"]["read_bandwidth"] > 0
 
     t = results["throughput"]
+    assert t["model"]["config"]["vocab_size"] == results["settings"]["gpt2"]["vocab_size"] == 400
+    assert "400-token vocabulary" in t["model"]["source"]
     assert t["quill"]["generated_tokens"] == t["workload"]["generated_tokens"]
     assert t["quill"]["preemptions"] == 0
     assert t["hf_serial"]["extrapolated"] == (SMOKE.hf_serial_subset < SMOKE.num_requests)
@@ -68,10 +71,13 @@ def test_memory_alone_serves_its_own_requests():
 
 
 def test_workload_is_fixed_by_its_seed_and_subsets_span_it():
-    requests = make_workload(64, (32, 128), (16, 128), vocab_size=1000, seed=0)
-    assert requests == make_workload(64, (32, 128), (16, 128), vocab_size=1000, seed=0)
+    spec = WorkloadSpec(64, (32, 128), (16, 128), models=["m"], prompts="ids")
+    targets = {"m": TargetModel(1024, vocab_size=1000)}
+    requests = tokenize(build_requests(spec, targets))
+    assert requests == tokenize(build_requests(spec, targets))
     assert all(32 <= len(r.prompt_token_ids) <= 128 and 16 <= r.max_tokens <= 128 for r in requests)
     assert all(0 < t < 1000 for r in requests for t in r.prompt_token_ids)
+    assert all(r.options == {"temperature": 0} and r.num_returned == 1 for r in requests)
     subset = spread_subset(requests, 8)
     assert len({r.request_id for r in subset}) == 8
     lengths = sorted(r.max_tokens for r in requests)

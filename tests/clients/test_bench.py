@@ -1,4 +1,4 @@
-"""`quill bench` against a real server on tiny models: the JSON, the plots, the baselines. No performance asserts."""
+"""`quill bench` against a real server on tiny models: the JSON and the plots. No performance asserts."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import pytest
 from clients.bench.context_sweep import verdict
 from clients.bench.report import distribution, percentile
 from clients.bench.target import require_loopback
-from clients.bench.workload import WorkloadSpec, build_requests, parse_mix, parse_range
+from clients.bench.workload import TargetModel, WorkloadSpec, build_requests, parse_mix, parse_range
 from quill.cli import main
-from tests.conftest import build_tiny_model
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Tiny everything: the tiny transformer's context is 64 tokens and its tokenizer splits words finely.
@@ -54,12 +53,28 @@ def test_mix_and_ranges_parse():
 
 def test_workload_is_reproducible_and_fits_the_context():
     spec = WorkloadSpec(num_requests=50, prompt_len=(10, 60), max_tokens=(5, 40), models=["a", "b"], rate=4.0, seed=3)
-    one = build_requests(spec, {"a": 1.0, "b": 2.0}, {"a": 64, "b": 4096})
-    two = build_requests(spec, {"a": 1.0, "b": 2.0}, {"a": 64, "b": 4096})
+    targets = {"a": TargetModel(64, tokens_per_word=1.0), "b": TargetModel(4096, tokens_per_word=2.0)}
+    one = build_requests(spec, targets)
+    two = build_requests(spec, targets)
     assert [(r.prompt, r.max_tokens, r.send_at) for r in one] == [(r.prompt, r.max_tokens, r.send_at) for r in two]
     assert [r.model for r in one[:4]] == ["a", "b", "a", "b"]
+    assert all(isinstance(r.prompt, str) for r in one)
     assert all(r.target_prompt_tokens + r.max_tokens <= 64 for r in one if r.model == "a")
     assert all(b.send_at >= a.send_at for a, b in zip(one, one[1:])) and one[-1].send_at > 0
+    assert build_requests(spec, targets, salt=1)[0].prompt != one[0].prompt  # warm-ups draw other prompts
+
+
+def test_token_id_prompts_have_exact_lengths_inside_the_vocabulary():
+    spec = WorkloadSpec(num_requests=64, prompt_len=(32, 128), max_tokens=(16, 128), models=["m"], prompts="ids")
+    requests = build_requests(spec, {"m": TargetModel(1024, vocab_size=1000)})
+    assert all(len(r.prompt) == r.target_prompt_tokens and 32 <= len(r.prompt) <= 128 for r in requests)
+    assert all(0 < t < 1000 for r in requests for t in r.prompt)  # id 0 (EOS) is never drawn
+    assert all(16 <= r.max_tokens <= 128 and r.strategy.name == "greedy" for r in requests)
+    assert len({tuple(r.prompt[:4]) for r in requests}) == 64  # no shared prefixes
+    with pytest.raises(ValueError, match="vocab_size"):
+        build_requests(spec, {"m": TargetModel(1024)})
+    with pytest.raises(ValueError, match="prompts"):
+        WorkloadSpec(prompts="bytes")
 
 
 def test_context_verdict_compares_the_curve_with_theory():
@@ -161,47 +176,3 @@ def test_context_sweep_table(live_server, tmp_path, capsys):
     assert "ms/token" in out and "tiny-lstm (lstm):" in out and "theory" in out
     with open(result["plots"][0], "rb") as f:
         assert f.read(8) == PNG_MAGIC
-
-
-def test_baseline_hf_on_a_tiny_transformer(live_server, tiny_checkpoints, tmp_path, capsys):
-    pytest.importorskip("transformers")
-    code, result = bench(tmp_path, live_server.url, "--num-requests", "6", "--concurrency", "3",
-                         "--mix", "greedy=0.5,top_p=0.25,beam=0.25", "--baseline", "hf",
-                         "--baseline-checkpoint", tiny_checkpoints["tiny-transformer"],
-                         "--baseline-serial-requests", "3")
-    assert code == 0
-    b = result["baseline"]
-    assert b["hf_model"].startswith("GPT2LMHeadModel") and b["max_logit_difference"] < 1e-4
-    assert {r["model"] for r in result["runs"][0]["requests"]} == {"tiny-transformer"}
-    assert set(b["ratios"]) >= {"http_vs_engine", "http_vs_hf_serial", "http_vs_hf_static"}
-    assert all(v > 0 for v in b["ratios"].values())
-    assert "http_cost_ms_per_token" in b
-    out = capsys.readouterr().out
-    assert "HF generate, one at a time" in out and "HTTP layer:" in out
-
-
-@pytest.mark.parametrize("key, hf_class", [("transformer-llama", "LlamaForCausalLM"),
-                                            ("transformer-gpt2", "GPT2LMHeadModel")])
-def test_our_transformers_rebuild_as_their_transformers_class(key, hf_class, tiny_tokenizer, tmp_path):
-    pytest.importorskip("transformers")
-    import torch
-
-    from clients.bench.baseline_hf import hf_model_for, max_logit_difference
-    from models.checkpoint import load_checkpoint, save_checkpoint
-
-    arch, model = build_tiny_model(key, tiny_tokenizer.vocab_size)
-    with torch.no_grad():  # norms at 1 and biases at 0 would hide a mix-up of those tensors
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.1)
-    loaded = load_checkpoint(save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32), device="cpu")
-    hf, how = hf_model_for(loaded)
-    assert type(hf).__name__ == hf_class and "rebuilt" in how
-    assert max_logit_difference(loaded, hf, length=20) < 1e-4
-
-
-def test_baseline_refuses_a_recurrent_only_workload(live_server, tmp_path, capsys):
-    out = tmp_path / "b.json"
-    assert main(["bench", "--url", live_server.url, "--out", str(out), *SMALL, "--model", "tiny-lstm",
-                 "--baseline", "hf"]) == 2
-    assert "needs a Transformer" in capsys.readouterr().err

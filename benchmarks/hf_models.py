@@ -1,4 +1,4 @@
-"""Hugging Face `transformers` `generate()` on the bench's workload, in-process, on the same weights.
+"""The transformers model that runs the same weights as a loaded Quill checkpoint, for `generate()` baselines.
 
 Hugging Face GPT-2 and Llama directories load as they are. Our own Transformer checkpoints
 are rebuilt as the equivalent transformers class (Llama-style: `LlamaForCausalLM`, GPT-2-style:
@@ -8,37 +8,12 @@ compared once, so a wrong mapping cannot pass unnoticed.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 import torch
 
 from models.checkpoint import LoadedModel
 
 GPT2_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 LLAMA_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_pytorch_tanh"}
-
-
-@dataclass
-class BaselineItem:
-    """One request of the workload, tokenized: what both in-process baselines run."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    options: dict  # the strategy's client options (temperature, top_p, beam_width, n, ...)
-
-    @property
-    def num_returned(self) -> int:
-        """Sequences that come back (beam search returns one), as the server's usage counts them."""
-        return self.options.get("n", 1)
-
-
-def one_per_strategy(items: list[BaselineItem], max_tokens: int = 4) -> list[BaselineItem]:
-    """Short warm-up requests, one per distinct decoding setting: first calls of a code path are slow."""
-    seen = {}
-    for item in items:
-        seen.setdefault(repr(sorted(item.options.items())), BaselineItem(item.prompt_ids, max_tokens, item.options))
-    return list(seen.values())
 
 
 def _is_llama_style(c) -> bool:
@@ -108,11 +83,12 @@ def hf_model_for(loaded: LoadedModel):
     import transformers
 
     if loaded.architecture != "transformer":
-        raise ValueError(f"--baseline hf needs a Transformer checkpoint; {loaded.path} is {loaded.architecture}")
+        raise ValueError(f"a generate() baseline needs a Transformer; {loaded.path} is {loaded.architecture}")
     c = loaded.model.config
     if c.extra.get("hf_model_type"):
         model = transformers.AutoModelForCausalLM.from_pretrained(loaded.path, dtype=loaded.dtype)
-        return model.to(loaded.device).eval(), f"{type(model).__name__} loaded from the directory"
+        model = model.to(loaded.device).eval().requires_grad_(False)
+        return model, f"{type(model).__name__} loaded from the directory"
     eos = loaded.eos_token_ids[0] if loaded.eos_token_ids else None
     weights = {n: p.detach().clone() for n, p in loaded.model.named_parameters()}
     if _is_llama_style(c):
@@ -143,63 +119,6 @@ def max_logit_difference(loaded: LoadedModel, model, length: int = 12) -> float:
     return (ours - theirs).abs().max().item()
 
 
-def generate_kwargs(options: dict, max_tokens: int, ignore_eos: bool) -> dict:
-    """The bench's client options as `generate()` arguments (the same decoding the server is asked for)."""
-    kw = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens if ignore_eos else 0)
-    if "beam_width" in options:
-        return kw | dict(do_sample=False, num_beams=options["beam_width"], num_return_sequences=options.get("n", 1))
-    if options.get("temperature", 1.0) == 0:
-        return kw | dict(do_sample=False)
-    kw |= dict(do_sample=True, temperature=options.get("temperature", 1.0), top_k=max(0, options.get("top_k", 0)),
-               top_p=options.get("top_p", 1.0), num_return_sequences=options.get("n", 1))
-    if "min_p" in options:
-        kw["min_p"] = options["min_p"]
-    return kw
-
-
-@torch.inference_mode()
-def _generate(model, rows: list[list[int]], kw: dict, pad_id: int) -> None:
-    """One left-padded batch (a batch of one needs no padding)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
-    device = next(model.parameters()).device
-    model.generate(ids.to(device), attention_mask=mask.to(device), pad_token_id=pad_id, **kw)
-
-
-def run_serial(model, items: list[BaselineItem], ignore_eos: bool, pad_id: int) -> dict:
-    """`generate()` one request at a time, each after the previous one finished."""
-    for warm in one_per_strategy(items):
-        _generate(model, [warm.prompt_ids], generate_kwargs(warm.options, warm.max_tokens, ignore_eos), pad_id)
-    start = time.perf_counter()
-    for item in items:
-        _generate(model, [item.prompt_ids], generate_kwargs(item.options, item.max_tokens, ignore_eos), pad_id)
-    seconds = time.perf_counter() - start
-    tokens = sum(i.max_tokens * i.num_returned for i in items)
-    return {"num_requests": len(items), "output_tokens": tokens, "seconds": seconds,
-            "output_token_throughput": tokens / seconds}
-
-
-def run_static_batches(model, items: list[BaselineItem], batch_size: int, ignore_eos: bool, pad_id: int) -> dict:
-    """Static batching: requests of the same decoding settings, `batch_size` at a time in arrival order, each batch
-    left-padded and run to its longest max_tokens before the next starts."""
-    groups: dict[str, list[BaselineItem]] = {}
-    for item in items:
-        groups.setdefault(repr(sorted(item.options.items())), []).append(item)
-    batches = [g[i:i + batch_size] for g in groups.values() for i in range(0, len(g), batch_size)]
-    for warm in one_per_strategy(items):
-        _generate(model, [warm.prompt_ids] * 2, generate_kwargs(warm.options, warm.max_tokens, ignore_eos), pad_id)
-    start = time.perf_counter()
-    computed = 0
-    for batch in batches:
-        longest = max(i.max_tokens for i in batch)
-        kw = generate_kwargs(batch[0].options, longest, ignore_eos)
-        _generate(model, [i.prompt_ids for i in batch], kw, pad_id)
-        computed += longest * sum(i.num_returned for i in batch)
-    seconds = time.perf_counter() - start
-    tokens = sum(i.max_tokens * i.num_returned for i in items)
-    return {"num_requests": len(items), "batch_size": batch_size, "num_batches": len(batches), "output_tokens": tokens,
-            "computed_tokens": computed, "seconds": seconds, "output_token_throughput": tokens / seconds}
+def pad_token_id(loaded: LoadedModel) -> int:
+    """What left-padding fills with: end-of-sequence, as for GPT-2 (masked out, so any id would do)."""
+    return loaded.eos_token_ids[0] if loaded.eos_token_ids else 0

@@ -1,0 +1,91 @@
+"""`quill serve` in a child process on a free loopback port: started, waited for until ready, stopped.
+
+The server is the real one, started the way a user starts it; its settings come from a
+`ServerConfig`, so an in-process engine can be built from the very same object. Its output goes
+to a temporary file (a chatty server never blocks on a full pipe) and is shown if it fails to start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from server.config import ServerConfig
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(config: ServerConfig) -> list[str]:
+    """`python -m quill.cli serve` with the flags that set what `config` sets."""
+    args = [sys.executable, "-m", "quill.cli", "serve", "--host", config.host, "--port", str(config.port),
+            "--device", config.device, "--dtype", config.dtype, "--max-num-seqs", str(config.max_num_seqs),
+            "--max-num-batched-tokens", str(config.max_num_batched_tokens), "--max-queue", str(config.max_queue),
+            "--cache-bytes", str(config.cache_bytes), "--block-size", str(config.block_size),
+            "--max-tokens-limit", str(config.max_tokens_limit)]
+    for spec in config.models:
+        args += ["--model", spec]
+    if not config.enable_prefix_caching:
+        args.append("--no-prefix-caching")
+    return args
+
+
+def _wait_ready(url: str, process: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with status {process.returncode} before it was ready")
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"the server was not ready after {timeout:.0f} s")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)  # drains: nothing is in flight by now, so it exits at once
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextmanager
+def running_server(config: ServerConfig, ready_timeout: float, threads: int | None = None) -> Iterator[str]:
+    """Yields the server's URL once /ready answers 200; stops the server on the way out.
+
+    QUILL_* variables of this environment are not passed on: flags set everything, and a stray
+    QUILL_API_KEY would lock the benchmark's own requests out. `threads` sets OMP_NUM_THREADS.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUILL_")}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    url = f"http://{config.host}:{config.port}"
+    with tempfile.TemporaryFile(mode="w+") as log:
+        process = subprocess.Popen(serve_command(config), stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            try:
+                _wait_ready(url, process, ready_timeout)
+            except (RuntimeError, TimeoutError) as e:
+                _stop(process)
+                log.seek(0)
+                raise RuntimeError(f"{e}; its output:\n{log.read()[-4000:]}") from None
+            yield url
+        finally:
+            _stop(process)
