@@ -17,7 +17,9 @@ LLAMA_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_tanh"
 
 
 def _is_llama_style(c) -> bool:
-    return c.positional == "rope" and c.norm == "rmsnorm" and c.gated_mlp and c.activation in LLAMA_ACTIVATIONS
+    # Qwen3's q/k norms, Qwen2's bias-free output projection and Gemma's scaled embeddings are not Llama's.
+    return (c.positional == "rope" and c.norm == "rmsnorm" and c.gated_mlp and c.activation in LLAMA_ACTIVATIONS
+            and not c.qk_norm and c.attn_out_bias == c.attn_bias and c.embed_scale == 1.0)
 
 
 def _is_gpt2_style(c) -> bool:
