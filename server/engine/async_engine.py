@@ -100,10 +100,18 @@ class AsyncEngine:
     # ---- the step thread -----------------------------------------------------------
 
     def _deliver(self, request_id: str, item) -> None:
-        target = self._queues.get(request_id)
-        if target is not None:
-            loop, queue = target
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+        self._deliver_all([(request_id, item)])
+
+    def _deliver_all(self, items: list[tuple[str, object]]) -> None:
+        """Hand outputs to their requests' queues: one wake-up of each event loop per step, not one per request."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for request_id, item in items:
+            target = self._queues.get(request_id)
+            if target is not None:
+                loop, queue = target
+                by_loop.setdefault(loop, []).append((queue, item))
+        for loop, batch in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, batch)
 
     def _drain_inbox(self) -> None:
         while self._inbox:
@@ -148,8 +156,7 @@ class AsyncEngine:
                     log.exception("engine step failed")
                     self._fail_running(f"internal error while generating: {type(e).__name__}: {e}")
                     continue
-                for out in outputs:
-                    self._deliver(out.request_id, out)
+                self._deliver_all([(out.request_id, out) for out in outputs])
                 if self.on_step is not None:
                     self.on_step(self.core)
         except BaseException as e:  # the loop itself broke: report it, fail everyone waiting
@@ -157,6 +164,11 @@ class AsyncEngine:
             log.exception("engine loop stopped")
             for request_id in list(self._queues):
                 self._deliver(request_id, EngineDeadError(self.dead_reason))
+
+
+def _put_all(batch: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, item in batch:
+        queue.put_nowait(item)
 
 
 class RequestStream:
