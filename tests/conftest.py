@@ -59,6 +59,25 @@ def tiny_tokenizer() -> Tokenizer:
     return Tokenizer(build_hf_tokenizer(), eos_token_id=0)
 
 
+METASPACE_SPECIALS = ["<unk>", "<s>", "</s>", "<sep>"]  # ids 0-3; </s> ends a sequence
+
+
+def build_metaspace_tokenizer(vocab_size: int = 200) -> HFTokenizer:
+    """SentencePiece-style, as Llama and Mistral: words carry a leading "▁", and the decoder drops the
+    space of the first token it sees ("first": only the text's start gets a "▁" prepended)."""
+    tok = HFTokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=METASPACE_SPECIALS, show_progress=False)
+    tok.train_from_iterator(TEXT * 4, trainer)
+    return tok
+
+
+@pytest.fixture(scope="session")
+def metaspace_tokenizer() -> Tokenizer:
+    return Tokenizer(build_metaspace_tokenizer(), eos_token_id=METASPACE_SPECIALS.index("</s>"))
+
+
 def build_tiny_model(key: str, vocab_size: int = 300, seed: int = 0):
     arch, kwargs = TINY_CONFIGS[key]
     config_cls, model_cls = ARCHITECTURES[arch]

@@ -108,7 +108,7 @@ class EngineCore:
         if params.seed is not None:  # each output of a seeded request has its own stream
             generator = new_generator(params.seed + index, self.loaded.device)
         seq = Sequence(next(self._seq_ids), token_ids, num_prompt_tokens, index=index, generator=generator)
-        seq.decoder = IncrementalDecoder(self.tokenizer)
+        seq.decoder = IncrementalDecoder(self.tokenizer, token_ids[:num_prompt_tokens], params.skip_special_tokens)
         seq.stop = StopChecker(params, self.loaded.eos_token_ids)
         return seq
 
@@ -289,7 +289,7 @@ class EngineCore:
                 ids = hyp.token_ids
                 text_ids = ids[:-1] if ids and ids[-1] in eos and not params.ignore_eos else ids
                 finish = "stop" if len(text_ids) < len(ids) else "length"
-                outs.append(CompletionOutput(i, self.tokenizer.decode(text_ids), ids, None, finish, hyp.sum_logprob, hyp.score))
+                outs.append(CompletionOutput(i, self.tokenizer.decode_continuation(group.prompt_token_ids, text_ids, params.skip_special_tokens), ids, None, finish, hyp.sum_logprob, hyp.score))
             return self._finish(group, outs)
         outs = []
         for seq in list(group.seqs):
