@@ -86,6 +86,30 @@ def build_tiny_model(key: str, vocab_size: int = 300, seed: int = 0):
     return arch, model
 
 
+def build_scripted_transformer(vocab_size: int, cycle: list[int], seed: int = 0):
+    """A Transformer whose greedy next token depends on the current token only: each id of `cycle` is
+    followed by the next (the last by the first), any other id by itself. So a test knows the output
+    ids without asking the server.
+
+    Its layers are zeroed (each adds nothing to the residual stream), so the last hidden state is the
+    current token's unit-length embedding; row j of the untied output matrix holds the embedding of the
+    token that j follows, and that row wins the dot product by a wide margin (random unit vectors in 32
+    dimensions are far from parallel)."""
+    config_cls, model_cls = ARCHITECTURES["transformer"]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(vocab_size=vocab_size, d_model=32, n_layers=1, n_heads=4, tie_embeddings=False))
+    with torch.no_grad():
+        for p in model.layers.parameters():
+            p.zero_()
+        embed = torch.nn.functional.normalize(torch.randn(vocab_size, 32), dim=-1)
+        follows = list(range(vocab_size))  # follows[j]: the token that j comes after
+        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+            follows[b] = a
+        model.embed.weight.copy_(embed)
+        model.lm_head.weight.copy_(10 * embed[follows])
+    return "transformer", model.eval()
+
+
 # ---- tiny checkpoints on disk, and a real server over them -------------------------------
 
 TINY = {"tiny-transformer": "transformer-gpt2", "tiny-lstm": "lstm", "tiny-gcnn": "gcnn"}

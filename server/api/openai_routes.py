@@ -85,12 +85,13 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
         prompt_logprobs=request.logprobs if request.echo and request.logprobs is not None else None,
         use_beam_search=request.use_beam_search, beam_width=best_of if request.use_beam_search else 1,
         length_penalty=request.length_penalty, early_stopping=request.early_stopping,
+        skip_special_tokens=request.skip_special_tokens,
     )
     prompts = []
     for i, prompt in enumerate(_prompts(request)):
         ids = encode_prompt(hosted, prompt)
         check_context(hosted, len(ids), request.max_tokens)
-        text = prompt if isinstance(prompt, str) else hosted.tokenizer.decode(ids)
+        text = prompt if isinstance(prompt, str) else hosted.tokenizer.decode(ids, request.skip_special_tokens)
         prompts.append((ids, text))
     return params, prompts
 

@@ -202,17 +202,18 @@ def _start(request: GenerateRequest, http: Request, stream: bool) -> tuple[_Plan
 
 
 class _Tokens:
-    """TGI's token objects and finish reasons for one model's tokenizer."""
+    """TGI's token objects, texts and finish reasons for one request's tokenizer and prompt."""
 
-    def __init__(self, hosted: HostedModel):
+    def __init__(self, hosted: HostedModel, prompt_ids: list[int]):
         self.tokenizer = hosted.tokenizer
+        self.prompt_ids = prompt_ids
         self.eos_token_ids = frozenset(hosted.loaded.eos_token_ids)
         added = self.tokenizer.hf.get_added_tokens_decoder()
         self.special_ids = self.eos_token_ids | {i for i, t in added.items() if t.special}
 
     def decoder(self) -> IncrementalDecoder:
         """One per sequence: TGI shows special tokens in token texts (and flags them `special`)."""
-        return IncrementalDecoder(self.tokenizer, skip_special_tokens=False)
+        return IncrementalDecoder(self.tokenizer, self.prompt_ids, skip_special_tokens=False)
 
     def generated(self, decoder: IncrementalDecoder, token_id: int, logprob: float | None, is_last: bool) -> dict:
         """The next token of a sequence: its text continues the previous tokens' (a split UTF-8 character
@@ -229,7 +230,8 @@ class _Tokens:
         return [self.alone(t, lp) for t, lp in entry.top] if entry is not None else []
 
     def text(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        """generated_text: what the tokens add to the prompt's text, special tokens skipped."""
+        return self.tokenizer.decode_continuation(self.prompt_ids, token_ids, skip_special_tokens=True)
 
     def finish_reason(self, engine_reason: str | None, token_ids: list[int]) -> str:
         """Engine "stop" is EOS or a stop sequence; TGI tells them apart."""
@@ -281,7 +283,7 @@ async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker)
     # TGI's best_of: the highest mean log-probability per token wins; the others go to best_of_sequences.
     best, *others = sorted(sequences.values(), key=lambda s: s.mean_logprob, reverse=True)
     prefix = plan.inputs if plan.return_full_text else ""
-    tokens = _Tokens(plan.hosted)
+    tokens = _Tokens(plan.hosted, plan.prompt_ids)
     body = {"generated_text": prefix + tokens.text(best.token_ids)}
     if plan.details:
         prefill = _prefill(plan, tokens, prompt_entries)
@@ -338,7 +340,7 @@ def _error_event(message: str, error_type: str = "generation") -> bytes:
 
 async def _events(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
     """One event per token; the last token's event carries generated_text (and details when asked)."""
-    tokens = _Tokens(plan.hosted)
+    tokens = _Tokens(plan.hosted, plan.prompt_ids)
     decoder = tokens.decoder()
     token_ids: list[int] = []
     status = 499  # what the log says if the client leaves before the end
