@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny tokenizers and tiny random models, built in seconds."""
+"""Shared fixtures: tiny tokenizers (byte-level, Metaspace), tiny random and scripted models, a live server."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
-import httpx
 import pytest
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from clients.ready import wait_until_ready
 from models.checkpoint import save_checkpoint
 from models.registry import ARCHITECTURES
 from models.tokenizer import Tokenizer
@@ -155,17 +154,10 @@ class LiveServer:
         return self.log.read()
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {self.output()}")
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("server not ready")
+        try:
+            wait_until_ready(self.url, timeout, still_starting=lambda: self.process.poll() is None)
+        except RuntimeError:
+            raise RuntimeError(f"server exited: {self.output()}") from None
 
     def stop(self) -> str:
         if self.process.poll() is None:
