@@ -24,6 +24,8 @@ from urllib.parse import urlparse
 
 import httpx
 
+from clients.ready import wait_until_ready
+
 PROMPTS = ["ROMEO:", "To be, or not to be", "KING HENRY:\nOnce more unto the breach", "O Romeo, Romeo!",
            "Friends, Romans, countrymen", "Now is the winter of our discontent", "All the world's a stage"]
 STRATEGIES = {
@@ -182,13 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         server = subprocess.Popen([sys.executable, "-m", "quill.cli", "serve", "--port", port],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         args.server_pid = server.pid
-        for _ in range(600):
-            try:
-                if httpx.get(f"{args.url}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_until_ready(args.url, timeout=300, interval=0.2, still_starting=lambda: server.poll() is None)
     try:
         result = asyncio.run(soak(args.url, args.requests, args.concurrency, args.disconnect, args.seed,
                                   args.max_seconds, args.server_pid))

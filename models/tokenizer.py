@@ -1,10 +1,22 @@
-"""Text <-> token ids, over a Hugging Face `tokenizers` tokenizer.json."""
+"""Text <-> token ids, over a Hugging Face `tokenizers` tokenizer.json, and generated ids -> text deltas.
+
+The text of generated tokens is what they add to the prompt's text: decode(prompt + output) minus
+decode(prompt). Decoding the output alone is not that: Metaspace decoders (SentencePiece-style,
+Llama/Mistral) drop the leading space of the first token they see ("best", not " best"), and a
+byte-level token can finish a character the prompt began. So the output is always decoded after a
+few prompt tokens of context (`context_ids`), as vLLM and TGI do.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.decoders import DecodeStream
+
+CONTEXT_TOKENS = 8  # prompt tokens decoded before the output (vLLM uses 5); more only when these show no text
+UNFINISHED = "\ufffd"  # what a UTF-8 character cut short decodes to
 
 
 class Tokenizer:
@@ -28,6 +40,11 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def decode_continuation(self, prompt_ids: Sequence[int], ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The text `ids` add after the prompt; what an IncrementalDecoder's deltas and flush add up to."""
+        context, context_text = context_ids(self, prompt_ids, skip_special_tokens)
+        return self.decode(context + ids, skip_special_tokens)[len(context_text) :]
+
     def id_to_token(self, token_id: int) -> str | None:
         return self.hf.id_to_token(token_id)
 
@@ -45,34 +62,82 @@ class Tokenizer:
         self.hf.save(str(path))
 
 
-class IncrementalDecoder:
-    """Turns a growing list of token ids into text deltas.
+def context_ids(tokenizer: Tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool) -> tuple[list[int], str]:
+    """The prompt's last tokens to decode the output after, and their text.
 
-    Byte-level tokens can end halfway through a UTF-8 character; such a tail decodes
-    to U+FFFD and is held back until the next token completes it, so the deltas
-    concatenate to exactly the text of all the ids.
+    A tail that shows no text (special tokens skipped, a lone Metaspace "▁") would leave the output's
+    first token first in line, so the tail doubles until it shows some, or is the whole prompt. The
+    text of a tail that starts mid-character begins with U+FFFD, harmlessly: only its end meets the output.
+    """
+    start = max(0, len(prompt_ids) - CONTEXT_TOKENS)
+    while True:
+        context = list(prompt_ids[start:])
+        text = tokenizer.decode(context, skip_special_tokens)
+        if text or start == 0:
+            return context, text
+        start = max(0, 2 * start - len(prompt_ids))
+
+
+class IncrementalDecoder:
+    """Turns generated token ids, one at a time, into text deltas that concatenate (with `flush()`) to
+    decode(prompt + output) minus decode(prompt).
+
+    TGI's prefix/read offsets: each token decodes the few ids since the text emitted before last, and
+    the delta is what that text gained; a delta that ends in a cut UTF-8 character (U+FFFD) is held
+    back until a later token completes it. The decoding runs in Rust (`tokenizers`' DecodeStream,
+    one call per token, about half the cost of two Python-side decodes); the offsets are also kept
+    here, so `flush()` can decode what is held back, and so a decoder whose text of a longer window
+    does not extend the shorter one's (DecodeStream raises then) falls back to slicing, as TGI does.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        self.ids: list[int] = []
-        self.prefix_offset = 0  # ids before this are never decoded again
-        self.read_offset = 0  # text of ids[prefix_offset:read_offset] has been emitted
+    __slots__ = ("_hf", "_skip_special_tokens", "_stream", "_ids", "_prefix_offset", "_read_offset", "_cut")
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True):
+        self._hf = tokenizer.hf
+        self._skip_special_tokens = skip_special_tokens
+        context, context_text = context_ids(tokenizer, prompt_ids, skip_special_tokens)
+        self._stream: DecodeStream | None = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
+        self._ids = context  # context, then every pushed id
+        self._prefix_offset = 0  # the text of ids[prefix_offset:read_offset] was emitted (or is context)
+        self._read_offset = len(context)
+        self._cut = 0  # characters of context text that the next deltas still repeat
+        if context_text.endswith(UNFINISHED):
+            # The prompt ends mid-character: DecodeStream then starts from no prefix and its first deltas
+            # repeat the context's text (its half character completed). The contract's subtraction
+            # counts characters, so as many are cut as the context's text had (U+FFFD included).
+            self._read_offset, self._cut = 0, len(context_text)
 
     def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        decode = lambda ids: self.tokenizer.decode(ids, self.skip_special_tokens)  # noqa: E731
-        prefix = decode(self.ids[self.prefix_offset : self.read_offset])
-        text = decode(self.ids[self.prefix_offset :])
-        if len(text) > len(prefix) and not text.endswith("\ufffd"):
-            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            return text[len(prefix) :]
-        return ""
+        """The text this token adds; "" while it (with those before) is held back."""
+        self._ids.append(token_id)
+        text = None
+        if self._stream is not None:
+            try:
+                text = self._stream.step(self._hf, token_id)
+            except Exception:  # noqa: BLE001 - DecodeStream's InvalidPrefix; never let it kill a step
+                self._stream = None
+        if self._stream is None:
+            text = self._slice_delta(final=False)
+        if text is None:
+            return ""
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        if self._cut:
+            text, self._cut = text[self._cut :], max(0, self._cut - len(text))
+        return text
 
     def flush(self) -> str:
-        """Whatever is still held back (an incomplete character at the very end)."""
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], self.skip_special_tokens)
-        text = self.tokenizer.decode(self.ids[self.prefix_offset :], self.skip_special_tokens)
-        self.prefix_offset = self.read_offset = len(self.ids)
-        return text[len(prefix) :]
+        """Whatever is still held back (a character cut short at the very end decodes to U+FFFD)."""
+        text = self._slice_delta(final=True)
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        self._stream = None  # it still holds what was flushed; any later push slices instead
+        text, self._cut = text[self._cut :], max(0, self._cut - len(text))
+        return text
+
+    def _slice_delta(self, final: bool) -> str | None:
+        """What the ids since the read offset add, by two decodes; None while there is nothing to add."""
+        window = self._ids[self._prefix_offset :]
+        prefix = self._hf.decode(self._ids[self._prefix_offset : self._read_offset], self._skip_special_tokens)
+        text = self._hf.decode(window, self._skip_special_tokens)
+        if final or (len(text) > len(prefix) and not text.endswith(UNFINISHED)):
+            return text[len(prefix) :]
+        return None

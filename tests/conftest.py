@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny tokenizers and tiny random models, built in seconds."""
+"""Shared fixtures: tiny tokenizers (byte-level, Metaspace), tiny random and scripted models, a live server."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
-import httpx
 import pytest
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from clients.ready import wait_until_ready
 from models.checkpoint import save_checkpoint
 from models.registry import ARCHITECTURES
 from models.tokenizer import Tokenizer
@@ -59,12 +58,55 @@ def tiny_tokenizer() -> Tokenizer:
     return Tokenizer(build_hf_tokenizer(), eos_token_id=0)
 
 
+METASPACE_SPECIALS = ["<unk>", "<s>", "</s>", "<sep>"]  # ids 0-3; </s> ends a sequence
+
+
+def build_metaspace_tokenizer(vocab_size: int = 200) -> HFTokenizer:
+    """SentencePiece-style, as Llama and Mistral: words carry a leading "▁", and the decoder drops the
+    space of the first token it sees ("first": only the text's start gets a "▁" prepended)."""
+    tok = HFTokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=METASPACE_SPECIALS, show_progress=False)
+    tok.train_from_iterator(TEXT * 4, trainer)
+    return tok
+
+
+@pytest.fixture(scope="session")
+def metaspace_tokenizer() -> Tokenizer:
+    return Tokenizer(build_metaspace_tokenizer(), eos_token_id=METASPACE_SPECIALS.index("</s>"))
+
+
 def build_tiny_model(key: str, vocab_size: int = 300, seed: int = 0):
     arch, kwargs = TINY_CONFIGS[key]
     config_cls, model_cls = ARCHITECTURES[arch]
     torch.manual_seed(seed)
     model = model_cls(config_cls(vocab_size=vocab_size, **kwargs)).eval()
     return arch, model
+
+
+def build_scripted_transformer(vocab_size: int, cycle: list[int], seed: int = 0):
+    """A Transformer whose greedy next token depends on the current token only: each id of `cycle` is
+    followed by the next (the last by the first), any other id by itself. So a test knows the output
+    ids without asking the server.
+
+    Its layers are zeroed (each adds nothing to the residual stream), so the last hidden state is the
+    current token's unit-length embedding; row j of the untied output matrix holds the embedding of the
+    token that j follows, and that row wins the dot product by a wide margin (random unit vectors in 32
+    dimensions are far from parallel)."""
+    config_cls, model_cls = ARCHITECTURES["transformer"]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(vocab_size=vocab_size, d_model=32, n_layers=1, n_heads=4, tie_embeddings=False))
+    with torch.no_grad():
+        for p in model.layers.parameters():
+            p.zero_()
+        embed = torch.nn.functional.normalize(torch.randn(vocab_size, 32), dim=-1)
+        follows = list(range(vocab_size))  # follows[j]: the token that j comes after
+        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+            follows[b] = a
+        model.embed.weight.copy_(embed)
+        model.lm_head.weight.copy_(10 * embed[follows])
+    return "transformer", model.eval()
 
 
 # ---- tiny checkpoints on disk, and a real server over them -------------------------------
@@ -112,17 +154,10 @@ class LiveServer:
         return self.log.read()
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {self.output()}")
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("server not ready")
+        try:
+            wait_until_ready(self.url, timeout, still_starting=lambda: self.process.poll() is None)
+        except RuntimeError:
+            raise RuntimeError(f"server exited: {self.output()}") from None
 
     def stop(self) -> str:
         if self.process.poll() is None:

@@ -8,22 +8,24 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from server.engine.outputs import CompletionOutput, TokenLogprob
+from server.engine.outputs import TokenLogprob
 
+from .engine_errors import checked
 from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
-from .generation import (
-    ENGINE_ERRORS,
-    RequestTracker,
-    build_params,
-    check_context,
-    encode_prompt,
-    engine_failure,
-    resolve_model,
-    submit,
-    until_disconnected,
-)
+from .generation import resolve_model, submit, until_disconnected
 from .openai_schemas import CompletionRequest
 from .sse import SSE_HEADERS, sse_event
+from .tracking import RequestTracker
+from .validation import (
+    build_params,
+    check_beam_width,
+    check_context,
+    check_max_tokens,
+    check_num_samples,
+    check_stop,
+    encode_prompt,
+    invalid,
+)
 
 router = APIRouter()
 
@@ -33,45 +35,39 @@ def _prompts(request: CompletionRequest) -> list:
     if isinstance(p, str) or (p and isinstance(p[0], int)):
         return [p]
     if not p:
-        raise APIError(400, "the prompt is empty", param="prompt", reason="invalid_request")
+        raise invalid("the prompt is empty", "prompt")
     return list(p)
 
 
 def _validate(request: CompletionRequest, config, hosted) -> tuple:
-    """Everything checked before the first byte: sampling settings, limits, the prompts' lengths."""
+    """Everything checked before the first byte: OpenAI's own rules, the server's limits, sampling settings,
+    the prompts' lengths."""
     if request.suffix:
-        raise APIError(400, "suffix is not supported", param="suffix", reason="invalid_request")
+        raise invalid("suffix is not supported", "suffix")
     if request.max_tokens is None:
         request.max_tokens = 16
-    if not 1 <= request.max_tokens <= config.max_tokens_limit:
-        raise APIError(400, f"max_tokens must be between 1 and {config.max_tokens_limit}, got {request.max_tokens}",
-                       param="max_tokens", reason="invalid_request")
+    check_max_tokens(config, request.max_tokens, "max_tokens")
     best_of = request.best_of if request.best_of is not None else request.n
     if request.n < 1 or best_of < request.n:
-        raise APIError(400, f"n must be >= 1 and best_of >= n, got n={request.n}, best_of={best_of}",
-                       param="n", reason="invalid_request")
+        raise invalid(f"n must be >= 1 and best_of >= n, got n={request.n}, best_of={best_of}", "n")
     if request.use_beam_search:
-        if best_of > config.max_beam_width:
-            raise APIError(400, f"beam width (best_of) must be at most {config.max_beam_width}, got {best_of}",
-                           param="best_of", reason="invalid_request")
-    elif best_of > config.max_n:
-        raise APIError(400, f"n and best_of must be at most {config.max_n}, got {best_of}", param="best_of",
-                       reason="invalid_request")
+        check_beam_width(config, best_of, "best_of")
+    else:
+        check_num_samples(config, best_of, "best_of")
     if request.stream and best_of > request.n and not request.use_beam_search:
-        raise APIError(400, "best_of > n cannot be streamed", param="best_of", reason="invalid_request")
+        raise invalid("best_of > n cannot be streamed", "best_of")
     if request.use_beam_search and request.stop:
-        raise APIError(400, "stop strings are not supported with beam search", param="stop", reason="invalid_request")
+        raise invalid("stop strings are not supported with beam search", "stop")
     if request.top_k == 0:
-        raise APIError(400, "top_k must be -1 (off) or at least 1, got 0", param="top_k", reason="invalid_request")
+        raise invalid("top_k must be -1 (off) or at least 1, got 0", "top_k")
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    if len(stop) > config.max_stop_strings or any(len(s) > config.max_stop_string_chars for s in stop):
-        raise APIError(400, f"at most {config.max_stop_strings} stop strings of at most "
-                            f"{config.max_stop_string_chars} characters", param="stop", reason="invalid_request")
+    check_stop(config, stop)
     try:
         logit_bias = {int(k): v for k, v in (request.logit_bias or {}).items()}
     except ValueError:
-        raise APIError(400, "logit_bias keys must be token ids", param="logit_bias", reason="invalid_request") from None
+        raise invalid("logit_bias keys must be token ids", "logit_bias") from None
     params = build_params(
+        hosted,
         n=best_of if not request.use_beam_search else request.n,
         max_tokens=request.max_tokens, min_tokens=request.min_tokens,
         temperature=1.0 if request.temperature is None else request.temperature,
@@ -85,12 +81,13 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
         prompt_logprobs=request.logprobs if request.echo and request.logprobs is not None else None,
         use_beam_search=request.use_beam_search, beam_width=best_of if request.use_beam_search else 1,
         length_penalty=request.length_penalty, early_stopping=request.early_stopping,
+        skip_special_tokens=request.skip_special_tokens,
     )
     prompts = []
     for i, prompt in enumerate(_prompts(request)):
         ids = encode_prompt(hosted, prompt)
         check_context(hosted, len(ids), request.max_tokens)
-        text = prompt if isinstance(prompt, str) else hosted.tokenizer.decode(ids)
+        text = prompt if isinstance(prompt, str) else hosted.tokenizer.decode(ids, request.skip_special_tokens)
         prompts.append((ids, text))
     return params, prompts
 
@@ -151,14 +148,11 @@ async def _complete(request, hosted, params, prompts, streams, trackers, complet
             per_index: dict[int, dict] = {}
             prompt_entries = None
             try:
-                outputs = [out async for out in tracker.follow(stream)]
-            except ENGINE_ERRORS as e:
-                tracker.done(500)
-                raise engine_failure(e) from None
+                outputs = [out async for out in checked(tracker.follow(stream))]
+            except APIError as e:
+                tracker.done(e.status)
+                raise
             for out in outputs:
-                if out.error:
-                    tracker.done(500)
-                    raise APIError(500, out.error, reason="engine_error")
                 if out.prompt_logprobs is not None:
                     prompt_entries = out.prompt_logprobs
                 for c in out.outputs:
@@ -228,18 +222,13 @@ async def _stream(request, hosted, params, prompts, streams, trackers, completio
             offsets: dict[int, int] = {}
             status = 499  # until the stream ends normally: a client that leaves is logged as such
             try:
-                async for out in tracker.follow(stream):
-                    if out.error:
-                        status = 500
-                        yield _error_event(out.error)
-                        break
+                async for out in checked(tracker.follow(stream)):
                     for event in chunks(p, text, out, echoed, offsets):
                         yield event
-                else:
-                    status = 200
-            except ENGINE_ERRORS as e:
-                status = 500
-                yield _error_event(engine_failure(e).message)
+                status = 200
+            except APIError as e:
+                status = e.status
+                yield _error_event(e.message)
             finally:
                 tracker.done(status)
             if status != 200:

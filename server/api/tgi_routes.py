@@ -23,20 +23,22 @@ from server.hosting import HostedModel
 from server.sampling import SamplingParams
 from server.sampling.params import MAX_LOGPROBS
 
+from .engine_errors import checked
 from .errors import JSON_OR_SSE_RESPONSE, SSE_RESPONSE, TGI_ERROR_RESPONSES, APIError
-from .generation import (
-    ENGINE_ERRORS,
-    RequestTracker,
-    build_params,
-    check_context,
-    encode_prompt,
-    engine_failure,
-    resolve_model,
-    submit,
-    until_disconnected,
-)
+from .generation import resolve_model, submit, until_disconnected
 from .sse import SSE_HEADERS, sse_event
 from .tgi_schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
+from .tracking import RequestTracker
+from .validation import (
+    build_params,
+    check_beam_width,
+    check_context,
+    check_max_tokens,
+    check_num_samples,
+    check_stop,
+    encode_prompt,
+    invalid,
+)
 
 router = APIRouter()
 
@@ -81,55 +83,44 @@ class _Sequence:
         return self.cumulative_logprob / max(len(self.token_ids), 1)
 
 
-def _invalid(message: str, param: str) -> APIError:
-    return APIError(400, message, param=param, reason="invalid_request")
-
-
 def _check_supported(p: GenerateParameters) -> None:
     unsupported = {"typical_p": p.typical_p is not None, "watermark": p.watermark,
                    "grammar": p.grammar is not None, "adapter_id": p.adapter_id is not None}
     for name, given in unsupported.items():
         if given:
-            raise _invalid(f"{name} is not supported by this server; leave it out", name)
+            raise invalid(f"{name} is not supported by this server; leave it out", name)
 
 
 def _check_ranges(p: GenerateParameters, config: ServerConfig, stream: bool) -> None:
-    """TGI's own rules first (top_p < 1, temperature > 0, ...), then Quill's limits."""
+    """TGI's own rules first (top_p < 1, temperature > 0, u64 seeds, ...), then the server's limits."""
     if p.temperature is not None and not p.temperature > 0:
-        raise _invalid(f"temperature must be strictly positive, got {p.temperature}", "temperature")
+        raise invalid(f"temperature must be strictly positive, got {p.temperature}", "temperature")
     if p.top_k is not None and p.top_k <= 0:
-        raise _invalid(f"top_k must be strictly positive, got {p.top_k}", "top_k")
+        raise invalid(f"top_k must be strictly positive, got {p.top_k}", "top_k")
     if p.top_p is not None and not 0 < p.top_p < 1:
-        raise _invalid(f"top_p must be > 0.0 and < 1.0, got {p.top_p}", "top_p")
-    if p.max_new_tokens is not None and not 1 <= p.max_new_tokens <= config.max_tokens_limit:
-        raise _invalid(f"max_new_tokens must be between 1 and {config.max_tokens_limit}, got {p.max_new_tokens}",
-                       "max_new_tokens")
-    if len(p.stop) > config.max_stop_strings:
-        raise _invalid(f"stop must have at most {config.max_stop_strings} sequences, got {len(p.stop)}", "stop")
-    if any(not s or len(s) > config.max_stop_string_chars for s in p.stop):
-        raise _invalid(f"stop sequences must have 1 to {config.max_stop_string_chars} characters", "stop")
+        raise invalid(f"top_p must be > 0.0 and < 1.0, got {p.top_p}", "top_p")
     if p.seed is not None and not 0 <= p.seed <= SEED_MAX:
-        raise _invalid(f"seed must be between 0 and {SEED_MAX}, got {p.seed}", "seed")
+        raise invalid(f"seed must be between 0 and {SEED_MAX}, got {p.seed}", "seed")
     if p.top_n_tokens is not None and not 0 <= p.top_n_tokens <= MAX_LOGPROBS:
-        raise _invalid(f"top_n_tokens must be between 0 and {MAX_LOGPROBS}, got {p.top_n_tokens}", "top_n_tokens")
-    if not 1 <= p.num_beams <= config.max_beam_width:
-        raise _invalid(f"num_beams must be between 1 and {config.max_beam_width}, got {p.num_beams}", "num_beams")
+        raise invalid(f"top_n_tokens must be between 0 and {MAX_LOGPROBS}, got {p.top_n_tokens}", "top_n_tokens")
     if stream and p.decoder_input_details:
-        raise _invalid("decoder_input_details == true is not supported when streaming tokens",
-                       "decoder_input_details")
+        raise invalid("decoder_input_details == true is not supported when streaming tokens", "decoder_input_details")
+    if p.max_new_tokens is not None:
+        check_max_tokens(config, p.max_new_tokens, "max_new_tokens")
+    check_stop(config, p.stop)
+    check_beam_width(config, p.num_beams, "num_beams")
 
 
 def _check_best_of(p: GenerateParameters, config: ServerConfig, sampling: bool, stream: bool) -> int:
     best_of = 1 if p.best_of is None else p.best_of
-    if not 1 <= best_of <= config.max_n:
-        raise _invalid(f"best_of must be between 1 and {config.max_n}, got {best_of}", "best_of")
+    check_num_samples(config, best_of, "best_of")
     if best_of > 1:
         if not sampling:
-            raise _invalid("best_of > 1 needs sampling: set do_sample, temperature, top_k or top_p", "best_of")
+            raise invalid("best_of > 1 needs sampling: set do_sample, temperature, top_k or top_p", "best_of")
         if p.seed is not None:
-            raise _invalid("seed cannot be set when best_of > 1", "seed")
+            raise invalid("seed cannot be set when best_of > 1", "seed")
         if stream:
-            raise _invalid("best_of != 1 is not supported when streaming tokens", "best_of")
+            raise invalid("best_of != 1 is not supported when streaming tokens", "best_of")
     return best_of
 
 
@@ -137,7 +128,7 @@ def _check_beams(p: GenerateParameters, sampling: bool, best_of: int) -> None:
     """Beam search is Quill's addition; it ranks raw log-probabilities and knows no stop strings."""
     if p.num_beams == 1:
         if p.length_penalty != 1.0 or p.early_stopping is not False:
-            raise _invalid("length_penalty and early_stopping need beam search (num_beams > 1)", "num_beams")
+            raise invalid("length_penalty and early_stopping need beam search (num_beams > 1)", "num_beams")
         return
     clashes = {"do_sample/temperature/top_k/top_p": sampling, "best_of": best_of > 1, "stop": bool(p.stop),
                "top_n_tokens": bool(p.top_n_tokens),
@@ -145,7 +136,7 @@ def _check_beams(p: GenerateParameters, sampling: bool, best_of: int) -> None:
                "frequency_penalty": p.frequency_penalty not in (None, 0.0)}
     for name, clash in clashes.items():
         if clash:
-            raise _invalid(f"{name} cannot be combined with beam search (num_beams > 1)", name.split("/")[0])
+            raise invalid(f"{name} cannot be combined with beam search (num_beams > 1)", name.split("/")[0])
 
 
 def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedModel, stream: bool) -> _Plan:
@@ -153,7 +144,7 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
     p = request.parameters
     _check_supported(p)
     if not request.inputs:
-        raise _invalid("inputs cannot be empty", "inputs")
+        raise invalid("inputs cannot be empty", "inputs")
     _check_ranges(p, config, stream)
     # TGI: any sampling setting turns sampling on, whatever do_sample says.
     sampling = p.do_sample or any(v is not None for v in (p.temperature, p.top_k, p.top_p))
@@ -162,7 +153,7 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
     prompt_ids = encode_prompt(hosted, request.inputs, param="inputs")
     if p.truncate is not None:
         if not 1 <= p.truncate <= hosted.max_model_len:
-            raise _invalid(f"truncate must be between 1 and {hosted.max_model_len}, got {p.truncate}", "truncate")
+            raise invalid(f"truncate must be between 1 and {hosted.max_model_len}, got {p.truncate}", "truncate")
         prompt_ids = prompt_ids[-p.truncate:]  # TGI keeps the end of the prompt
     max_new_tokens = p.max_new_tokens
     if max_new_tokens is None:
@@ -176,7 +167,7 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
     top_n = p.top_n_tokens or 0
     beam = p.num_beams > 1
     params = build_params(
-        n=best_of, max_tokens=max_new_tokens,
+        hosted, n=best_of, max_tokens=max_new_tokens,
         temperature=(1.0 if p.temperature is None else p.temperature) if sampling else 0.0,
         top_k=-1 if p.top_k is None else p.top_k, top_p=1.0 if p.top_p is None else p.top_p,
         repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
@@ -202,17 +193,18 @@ def _start(request: GenerateRequest, http: Request, stream: bool) -> tuple[_Plan
 
 
 class _Tokens:
-    """TGI's token objects and finish reasons for one model's tokenizer."""
+    """TGI's token objects, texts and finish reasons for one request's tokenizer and prompt."""
 
-    def __init__(self, hosted: HostedModel):
+    def __init__(self, hosted: HostedModel, prompt_ids: list[int]):
         self.tokenizer = hosted.tokenizer
+        self.prompt_ids = prompt_ids
         self.eos_token_ids = frozenset(hosted.loaded.eos_token_ids)
         added = self.tokenizer.hf.get_added_tokens_decoder()
         self.special_ids = self.eos_token_ids | {i for i, t in added.items() if t.special}
 
     def decoder(self) -> IncrementalDecoder:
         """One per sequence: TGI shows special tokens in token texts (and flags them `special`)."""
-        return IncrementalDecoder(self.tokenizer, skip_special_tokens=False)
+        return IncrementalDecoder(self.tokenizer, self.prompt_ids, skip_special_tokens=False)
 
     def generated(self, decoder: IncrementalDecoder, token_id: int, logprob: float | None, is_last: bool) -> dict:
         """The next token of a sequence: its text continues the previous tokens' (a split UTF-8 character
@@ -229,7 +221,8 @@ class _Tokens:
         return [self.alone(t, lp) for t, lp in entry.top] if entry is not None else []
 
     def text(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        """generated_text: what the tokens add to the prompt's text, special tokens skipped."""
+        return self.tokenizer.decode_continuation(self.prompt_ids, token_ids, skip_special_tokens=True)
 
     def finish_reason(self, engine_reason: str | None, token_ids: list[int]) -> str:
         """Engine "stop" is EOS or a stop sequence; TGI tells them apart."""
@@ -259,21 +252,16 @@ async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker)
     sequences: dict[int, _Sequence] = {}
     prompt_entries = None
     try:
-        async for out in tracker.follow(stream):
-            if out.error:
-                raise APIError(500, out.error, reason="engine_error")
+        async for out in checked(tracker.follow(stream)):
             if out.prompt_logprobs is not None:
                 prompt_entries = out.prompt_logprobs
             for c in out.outputs:
                 if c.finish_reason in ("abort", "error"):
                     raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
                 sequences.setdefault(c.index, _Sequence(c.index)).add(c)
-    except APIError:
-        tracker.done(500)
+    except APIError as e:
+        tracker.done(e.status)
         raise
-    except ENGINE_ERRORS as e:
-        tracker.done(500)
-        raise engine_failure(e) from None
     if not sequences:
         tracker.done(500)
         raise APIError(500, "generation ended without output", reason="engine_error")
@@ -281,7 +269,7 @@ async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker)
     # TGI's best_of: the highest mean log-probability per token wins; the others go to best_of_sequences.
     best, *others = sorted(sequences.values(), key=lambda s: s.mean_logprob, reverse=True)
     prefix = plan.inputs if plan.return_full_text else ""
-    tokens = _Tokens(plan.hosted)
+    tokens = _Tokens(plan.hosted, plan.prompt_ids)
     body = {"generated_text": prefix + tokens.text(best.token_ids)}
     if plan.details:
         prefill = _prefill(plan, tokens, prompt_entries)
@@ -338,16 +326,12 @@ def _error_event(message: str, error_type: str = "generation") -> bytes:
 
 async def _events(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
     """One event per token; the last token's event carries generated_text (and details when asked)."""
-    tokens = _Tokens(plan.hosted)
+    tokens = _Tokens(plan.hosted, plan.prompt_ids)
     decoder = tokens.decoder()
     token_ids: list[int] = []
     status = 499  # what the log says if the client leaves before the end
     try:
-        async for out in tracker.follow(stream):
-            if out.error:
-                status = 500
-                yield _error_event(out.error)
-                return
+        async for out in checked(tracker.follow(stream)):
             for c in out.outputs:  # streaming allows no best_of, so this is the one sequence
                 for i, (token_id, entry) in enumerate(zip(c.token_ids, _padded(c.logprobs, len(c.token_ids)))):
                     is_last = c.finish_reason is not None and i == len(c.token_ids) - 1
@@ -368,11 +352,8 @@ async def _events(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
         if status != 200:
             status = 500
             yield _error_event("incomplete generation stream", "incomplete_generation")
-    except ENGINE_ERRORS as e:
-        status = 500
-        yield _error_event(engine_failure(e).message)
     except APIError as e:
-        status = 500
+        status = e.status
         yield _error_event(e.message)
     finally:
         tracker.done(status)

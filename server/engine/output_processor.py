@@ -23,7 +23,7 @@ class OutputProcessor:
     def start(self, seq: Sequence) -> None:
         """Give a new sequence its detokenizer and stop rules."""
         params = seq.group.params
-        seq.decoder = IncrementalDecoder(self.tokenizer)
+        seq.decoder = IncrementalDecoder(self.tokenizer, seq.token_ids[: seq.num_prompt_tokens], params.skip_special_tokens)
         seq.stop = StopChecker(params, self.eos_token_ids)
 
     def append(self, seq: Sequence, token: int, logprob: float, entry: TokenLogprob | None) -> None:
@@ -81,7 +81,8 @@ class OutputProcessor:
             ids = hyp.token_ids
             text_ids = ids[:-1] if ids and ids[-1] in eos and not params.ignore_eos else ids
             finish = "stop" if len(text_ids) < len(ids) else "length"
-            outs.append(CompletionOutput(i, self.tokenizer.decode(text_ids), ids, None, finish, hyp.sum_logprob, hyp.score))
+            text = self.tokenizer.decode_continuation(group.prompt_token_ids, text_ids, params.skip_special_tokens)
+            outs.append(CompletionOutput(i, text, ids, None, finish, hyp.sum_logprob, hyp.score))
         return self.output(group, outs, finished=True)
 
     def output(self, group: SequenceGroup, outs: list[CompletionOutput], finished: bool,

@@ -79,6 +79,7 @@ class SamplingParams:
     beam_width: int = 1
     length_penalty: float = 1.0  # beam score = sum logprob / length ** length_penalty
     early_stopping: bool | Literal["never"] = False  # beam search: HF's meaning
+    skip_special_tokens: bool = True  # leave special tokens out of the text (vLLM's default); ids are kept
 
     def __post_init__(self):
         _check_int("n", self.n, low=1)
@@ -101,8 +102,9 @@ class SamplingParams:
         if self.seed is not None:
             _check_int("seed", self.seed, SEED_MIN, SEED_MAX)
         self._check_stop()
-        if not isinstance(self.ignore_eos, bool):
-            raise SamplingParamError("ignore_eos", f"must be a boolean, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise SamplingParamError(name, f"must be a boolean, got {getattr(self, name)!r}")
         _check_optional_count("logprobs", self.logprobs)
         _check_optional_count("prompt_logprobs", self.prompt_logprobs)
         self._check_beam_search()

@@ -10,11 +10,9 @@ import pwd
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
-import httpx
-
+from clients.ready import wait_until_ready
 from tests.deploy.conftest import DEPLOY
 
 TEMPLATE = DEPLOY / "nginx" / "quill.conf.template"
@@ -93,17 +91,13 @@ class Nginx:
                                         stderr=subprocess.DEVNULL)
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"nginx exited: {self.error_log()}")
-            try:
-                if httpx.get(f"{self.url}/nginx-health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"nginx not answering: {self.error_log()}")
+        try:
+            wait_until_ready(self.url, timeout, path="/nginx-health", interval=0.05,
+                             still_starting=lambda: self.process.poll() is None)
+        except RuntimeError:
+            raise RuntimeError(f"nginx exited: {self.error_log()}") from None
+        except TimeoutError:
+            raise TimeoutError(f"nginx not answering: {self.error_log()}") from None
 
     def error_log(self) -> str:
         log = self.prefix / "error.log"

@@ -53,6 +53,8 @@ INVALID = [
     ("stop_token_ids", [-1]),
     ("stop_token_ids", [1.0]),
     ("ignore_eos", 1),
+    ("skip_special_tokens", "no"),
+    ("skip_special_tokens", None),
     ("logprobs", 21),
     ("logprobs", -1),
     ("logprobs", 2.0),
@@ -96,6 +98,7 @@ def test_invalid_setting_is_rejected_naming_the_parameter(name, value):
         dict(seed=-(2**63)),
         dict(seed=2**64 - 1),
         dict(logprobs=0, prompt_logprobs=20),
+        dict(skip_special_tokens=False),
         dict(min_tokens=16, max_tokens=16),
         dict(use_beam_search=True, beam_width=4, n=4, length_penalty=0.6, early_stopping="never"),
         dict(use_beam_search=True, early_stopping=True),
@@ -149,3 +152,8 @@ def test_check_vocab_names_the_out_of_range_ids():
     with pytest.raises(SamplingParamError) as error:
         SamplingParams(stop_token_ids=[3, 250]).check_vocab(100)
     assert error.value.param == "stop_token_ids"
+
+
+def test_special_tokens_are_skipped_by_default_as_in_vllm():
+    assert SamplingParams().skip_special_tokens is True
+    assert SamplingParams(skip_special_tokens=False).skip_special_tokens is False

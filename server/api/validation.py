@@ -1,0 +1,84 @@
+"""Checks both dialects share, run before anything is submitted: the server's limits on a request, the
+prompt against the model, and the sampling settings.
+
+Each dialect parses its own fields and passes their names, so a message names what the client sent.
+Rules that belong to one dialect (TGI's strictly positive top_k and u64 seeds, OpenAI's best_of >= n)
+stay in its routes.
+"""
+
+from __future__ import annotations
+
+from server.config import ServerConfig
+from server.hosting import HostedModel
+from server.sampling import SamplingParamError, SamplingParams
+
+from .errors import APIError
+
+
+def invalid(message: str, param: str | None) -> APIError:
+    return APIError(400, message, param=param, reason="invalid_request")
+
+
+def check_max_tokens(config: ServerConfig, max_tokens: int, param: str) -> None:
+    if not 1 <= max_tokens <= config.max_tokens_limit:
+        raise invalid(f"{param} must be between 1 and {config.max_tokens_limit}, got {max_tokens}", param)
+
+
+def check_num_samples(config: ServerConfig, num_samples: int, param: str) -> None:
+    """Sequences sampled for one request (n, or best_of when some are dropped)."""
+    if not 1 <= num_samples <= config.max_n:
+        raise invalid(f"{param} must be between 1 and {config.max_n}, got {num_samples}", param)
+
+
+def check_beam_width(config: ServerConfig, beam_width: int, param: str) -> None:
+    if not 1 <= beam_width <= config.max_beam_width:
+        raise invalid(f"{param} (the beam width) must be between 1 and {config.max_beam_width}, got {beam_width}",
+                      param)
+
+
+def check_stop(config: ServerConfig, stop: list[str], param: str = "stop") -> None:
+    """Stop strings are searched in every sequence at every step: their number and length are bounded."""
+    if len(stop) > config.max_stop_strings:
+        raise invalid(f"{param} must have at most {config.max_stop_strings} sequences, got {len(stop)}", param)
+    if any(not s or len(s) > config.max_stop_string_chars for s in stop):
+        raise invalid(f"stop sequences must have 1 to {config.max_stop_string_chars} characters", param)
+
+
+def encode_prompt(hosted: HostedModel, prompt: str | list[int], param: str = "prompt") -> list[int]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise invalid("the prompt is empty", param)
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:  # JSON can carry lone surrogates (\ud800); text cannot
+            raise invalid(f"the prompt is not valid Unicode ({e.reason} at position {e.start})", param) from None
+        ids = hosted.tokenizer.encode(prompt)
+    else:
+        ids = list(prompt)
+        vocab = hosted.loaded.model.config.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise invalid(f"prompt token ids must be in [0, {vocab})", param)
+    if not ids:
+        raise invalid("the prompt is empty after tokenization", param)
+    return ids
+
+
+def check_context(hosted: HostedModel, num_prompt_tokens: int, max_tokens: int, param: str = "max_tokens") -> None:
+    limit = hosted.max_model_len
+    if num_prompt_tokens + max_tokens > limit:
+        raise APIError(
+            400,
+            f"this model's maximum context length is {limit} tokens, but the request asks for "
+            f"{num_prompt_tokens + max_tokens} ({num_prompt_tokens} in the prompt + {max_tokens} to generate)",
+            param=param, code="context_length_exceeded", reason="context_length",
+        )
+
+
+def build_params(hosted: HostedModel, **kwargs) -> SamplingParams:
+    """SamplingParams checks itself; token ids it names must also exist in this model's vocabulary."""
+    try:
+        params = SamplingParams(**kwargs)
+        params.check_vocab(hosted.loaded.model.config.vocab_size)
+    except SamplingParamError as e:
+        raise invalid(str(e), e.param) from None
+    return params
