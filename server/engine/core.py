@@ -136,12 +136,17 @@ class EngineCore:
             if group.prompt_logprobs is None:
                 group.prompt_logprobs = [None]  # the first token has no context
             group.prompt_logprobs += entries
+        append = self.outputs.append
         for seq, chosen in result.sampled:
+            if len(chosen) == 1 and seq.group.is_forked:  # the common case: one more token of a running sample
+                sampled = chosen[0]
+                append(seq, sampled.token_id, sampled.logprob, sampled.entry)
+                continue
             group = seq.group
             if not group.is_forked:
                 self._fork(group)
             for target, sampled in zip(group.seqs if len(chosen) > 1 else [seq], chosen):
-                self.outputs.append(target, sampled.token_id, sampled.logprob, sampled.entry)
+                append(target, sampled.token_id, sampled.logprob, sampled.entry)
         for group, scores, indices in result.beams:
             group.is_forked = True
             self._beam_step(group, scores, indices)

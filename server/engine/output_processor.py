@@ -27,12 +27,13 @@ class OutputProcessor:
         seq.stop = StopChecker(params, self.eos_token_ids)
 
     def append(self, seq: Sequence, token: int, logprob: float, entry: TokenLogprob | None) -> None:
-        seq.token_ids.append(token)
+        token_ids = seq.token_ids
+        token_ids.append(token)
         seq.cumulative_logprob += logprob
         if entry is not None:
             seq.output_logprobs.append(entry)
-        seq.text += seq.decoder.push(token)
-        decision = seq.stop.check(token, seq.text, seq.num_output_tokens)
+        seq.text = text = seq.text + seq.decoder.push(token)
+        decision = seq.stop.check(token, text, len(token_ids) - seq.num_prompt_tokens)
         if decision.finished:
             if decision.trim:  # the stop string (or stop token's text) is not part of the output
                 seq.text = seq.text[: len(seq.text) - decision.trim]
@@ -87,6 +88,8 @@ class OutputProcessor:
 
     def output(self, group: SequenceGroup, outs: list[CompletionOutput], finished: bool,
                error: str | None = None) -> RequestOutput:
+        if group.has_output and error is None:  # the common case, kept cheap: a delta of a running request
+            return RequestOutput(group.request_id, outs, finished, len(group.prompt_token_ids))
         first = not group.has_output
         out = RequestOutput(
             group.request_id, outs, finished, len(group.prompt_token_ids),

@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)  # best alternatives, most likely first
 
 
-@dataclass
+@dataclass(slots=True)
 class CompletionOutput:
     index: int
     text: str  # new text since the previous output of this request
@@ -23,7 +23,7 @@ class CompletionOutput:
     score: float | None = None  # beam search: the length-penalised score
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     request_id: str
     outputs: list[CompletionOutput]

@@ -125,14 +125,20 @@ class ModelRunner:
         positions: list[int] = []
         rows: list[int] = []  # packed token index of each logits row
         where = []
+        locate = self.cache.block_table if self.paged else self.cache.slot
         offset = 0
         for seq, n in work:
             start = seq.num_computed
-            tokens += seq.token_ids[start : start + n]
-            positions += range(start, start + n)
-            where.append(self.cache.block_table(seq.seq_id) if self.paged else self.cache.slot(seq.seq_id))
+            token_ids = seq.token_ids
+            if n == 1:
+                tokens.append(token_ids[start])
+                positions.append(start)
+            else:
+                tokens += token_ids[start : start + n]
+                positions += range(start, start + n)
+            where.append(locate(seq.seq_id))
             group = seq.group
-            completes = start + n == len(seq.token_ids)
+            completes = start + n == len(token_ids)
             if group.params.prompt_logprobs is not None and not group.is_forked:
                 count = min(n, seq.num_prompt_tokens - 1 - start)  # rows predicting prompt tokens
                 if count > 0:
@@ -156,8 +162,12 @@ class ModelRunner:
             logits_indices=self._upload(self.logits_indices, rows),
         )
         if self.paged:
-            width = max(len(t) for t in where)
-            flat = [b for t in where for b in (t + [0] * (width - len(t)) if len(t) < width else t)]
+            width = max(map(len, where))
+            flat, padding = [], [0] * width
+            for table in where:  # each sequence's blocks, padded to the widest table of the step
+                flat += table
+                if len(table) < width:
+                    flat += padding[: width - len(table)]
             step.block_tables = self._upload(self.block_tables, flat).view(len(where), width)
         else:
             step.slots = self._upload(self.slots, where)

@@ -100,9 +100,18 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
+        allocate, work = self.cache.allocate, batch.work
         i = 0
         while i < len(self.running) and budget > 0:
             group = self.running[i]
+            seqs = group.seqs
+            if len(seqs) == 1:  # the common case, kept cheap: one sequence decoding its newest token
+                seq = seqs[0]
+                if len(seq.token_ids) - seq.num_computed == 1 and allocate(seq.seq_id, seq.num_computed, 1):
+                    work.append((seq, 1))
+                    budget -= 1
+                    i += 1
+                    continue
             plan = self._plan(group, budget)
             if not plan:
                 i += 1
@@ -165,8 +174,6 @@ class Scheduler:
 
     def _plan(self, group: SequenceGroup, budget: int) -> list[tuple[Sequence, int]]:
         """New tokens for each of the group's sequences, sharing the budget evenly so beams stay in step."""
-        if len(group.seqs) == 1 and group.seqs[0].num_uncomputed == 1:
-            return [(group.seqs[0], 1)]  # the common case: one sequence decoding its newest token
         seqs = [s for s in group.seqs if s.num_uncomputed > 0]
         if not seqs:
             return []
@@ -201,6 +208,7 @@ class Scheduler:
 
     def commit(self, batch: ScheduledBatch) -> None:
         """The step ran: its tokens are now in the cache."""
+        commit = self.cache.commit
         for seq, n in batch.work:
             seq.num_computed += n
-            self.cache.commit(seq.seq_id, seq.token_ids, seq.num_computed, seq.num_prompt_tokens)
+            commit(seq.seq_id, seq.token_ids, seq.num_computed, seq.num_prompt_tokens)
