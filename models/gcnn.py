@@ -60,6 +60,19 @@ class GatedConv(nn.Module):
         out = F.glu(self.conv(full.transpose(1, 2)), dim=1)
         return out.transpose(1, 2), full
 
+    def step(self, x: torch.Tensor, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` for serving: each output position's k inputs as one row of a matrix product.
+
+        A decode step has one position per sequence, a shape for which conv1d is 4-5x slower than
+        the same arithmetic as a matmul on a CPU (measured at 64 sequences); training keeps conv1d,
+        which is faster for long sequences and their backward pass.
+        """
+        full = torch.cat([history, x], dim=1)  # (B, k-1+T, C)
+        batch, steps = x.shape[:2]
+        windows = full.unfold(1, self.window + 1, 1).reshape(batch, steps, -1)  # (B, T, C*k), conv weight order
+        out = F.linear(windows, self.conv.weight.reshape(self.conv.out_channels, -1), self.conv.bias)
+        return F.glu(out, dim=-1), full
+
 
 class ResidualBlock(nn.Module):
     def __init__(self, config: GCNNConfig):
@@ -84,14 +97,15 @@ class GCNNLanguageModel(nn.Module):
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.drop = nn.Dropout(config.dropout)
 
-    def _run(self, x: torch.Tensor, histories: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _run(self, x: torch.Tensor, histories: list[torch.Tensor],
+             serving: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """x (B, T, E) and each convolution's history -> (B, T, C) and each convolution's full input."""
         h = self.drop(x if self.in_proj is None else self.in_proj(x))
         inputs, i = [], 0
         for block in self.blocks:
             y = block.norm(h)
             for conv in block.convs:
-                y, full = conv(y, histories[i])
+                y, full = conv.step(y, histories[i]) if serving else conv(y, histories[i])
                 inputs.append(full)
                 i += 1
             h = h + block.drop(y)
@@ -121,7 +135,7 @@ class GCNNLanguageModel(nn.Module):
         """Run the new tokens of each sequence after its window; slide the windows in place."""
         windows = state["window"][batch.slots]  # (B, n_convs, k-1, C)
         x = batch.pad(self.embed(batch.token_ids))  # (B, Q, E), right-padded: pads never reach real positions
-        h, inputs = self._run(x, list(windows.unbind(1)))
+        h, inputs = self._run(x, list(windows.unbind(1)), serving=True)
         # The new window of each conv is the k-1 inputs before each sequence's own end.
         k1 = self.config.kernel_size - 1
         if k1 > 0:
