@@ -138,7 +138,9 @@ class GCNNLanguageModel(nn.Module):
         h, inputs = self._run(x, list(windows.unbind(1)), serving=True)
         # The new window of each conv is the k-1 inputs before each sequence's own end.
         k1 = self.config.kernel_size - 1
-        if k1 > 0:
+        if k1 > 0 and batch.max_query_len == 1:  # decode: each window drops its oldest input
+            state["window"][batch.slots] = torch.stack([full[:, 1:] for full in inputs], dim=1)
+        elif k1 > 0:
             ends = torch.tensor(batch.query_lens, device=x.device)
             take = (ends[:, None] + torch.arange(k1, device=x.device)[None, :])  # (B, k-1) into the full input
             take = take[:, :, None].expand(-1, -1, self.config.d_model)
