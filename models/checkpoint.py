@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from . import hf
-from .errors import CheckpointError
+from .errors import CheckpointError, read_json_object
 from .generation_config import read_generation_config
 from .location import BUNDLED_DIR, locate
 from .registry import ARCHITECTURES
@@ -109,19 +109,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return DTYPES[dtype]
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(path, f"not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(path, "must hold a JSON object")
-    return raw
-
-
 def read_config(path: Path) -> tuple[str, object, list[int], dict]:
     """config.json -> (architecture, config dataclass, end-of-sequence ids, metadata)."""
-    raw = _read_json(path)
+    raw = read_json_object(path)
     quantization = raw.get("quantization_config")
     if quantization is not None:
         method = quantization.get("quant_method", "unknown") if isinstance(quantization, dict) else "unknown"

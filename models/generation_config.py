@@ -7,12 +7,11 @@ leaves a setting out: the same six settings, under `SamplingParams` names.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CheckpointError
+from .errors import CheckpointError, read_json_object
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 
@@ -45,12 +44,7 @@ def read_generation_config(directory: Path) -> GenerationConfig:
     path = directory / GENERATION_CONFIG_FILE
     if not path.is_file():
         return GenerationConfig()
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(path, f"not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(path, "must hold a JSON object")
+    raw = read_json_object(path)
     eos = raw.get("eos_token_id")
     eos = [] if eos is None else eos if isinstance(eos, list) else [eos]
     eos = [_number(path, "eos_token_id", i, int) for i in eos]

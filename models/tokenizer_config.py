@@ -10,11 +10,10 @@ post-processor decides it, as it does in transformers 5.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CheckpointError
+from .errors import CheckpointError, read_json_object
 
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
@@ -36,15 +35,7 @@ class TokenizerConfig:
 
 
 def _read_object(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(path, f"not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(path, "must hold a JSON object")
-    return raw
+    return read_json_object(path) if path.is_file() else {}
 
 
 def _token_string(path: Path, name: str, value) -> str | None:
