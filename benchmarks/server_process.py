@@ -13,12 +13,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import httpx
 
+from clients.ready import wait_until_ready
 from server.config import ServerConfig
 
 
@@ -40,20 +39,6 @@ def serve_command(config: ServerConfig) -> list[str]:
     if not config.enable_prefix_caching:
         args.append("--no-prefix-caching")
     return args
-
-
-def _wait_ready(url: str, process: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with status {process.returncode} before it was ready")
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"the server was not ready after {timeout:.0f} s")
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -81,7 +66,7 @@ def running_server(config: ServerConfig, ready_timeout: float, threads: int | No
         process = subprocess.Popen(serve_command(config), stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
         try:
             try:
-                _wait_ready(url, process, ready_timeout)
+                wait_until_ready(url, ready_timeout, interval=0.2, still_starting=lambda: process.poll() is None)
             except (RuntimeError, TimeoutError) as e:
                 _stop(process)
                 log.seek(0)
