@@ -16,7 +16,6 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-
 from clients.ready import wait_until_ready
 from server.config import ServerConfig
 
