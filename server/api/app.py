@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from server.config import ServerConfig
 from server.hosting import ModelHost
 
-from . import health_routes, openai_routes, tgi_routes
+from . import health_routes, openai_routes, playground_routes, tgi_routes
 from .errors import APIError, install_error_handlers, is_openai_path
 from .guards import RequestGuard
 from .metrics import Metrics
@@ -38,6 +38,7 @@ def create_app(host: ModelHost | None, config: ServerConfig, metrics: Metrics | 
     app.include_router(health_routes.router)
     app.include_router(openai_routes.router)
     app.include_router(tgi_routes.router)
+    app.include_router(playground_routes.router)
     if host is not None:
         attach_host(app, host)
     return app

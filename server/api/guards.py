@@ -16,6 +16,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .errors import error_body
 
 OPEN_PATHS = {"/health", "/ready", "/metrics"}  # reachable without a key: probes and scrapers
+PAGE_PREFIX = "/playground"
+
+
+def is_open(method: str, path: str) -> bool:
+    """Paths reachable without a key: the probes and the scrape, and GETs of the playground page and of
+    the index pointing at it (static, and a browser cannot send a bearer token when it loads a page; the
+    page sends the key with each API call)."""
+    if path in OPEN_PATHS:
+        return True
+    is_page = path in ("/", PAGE_PREFIX) or path.startswith(PAGE_PREFIX + "/")
+    return is_page and method in ("GET", "HEAD")
 
 
 def key_matches(given: str, keys: list[str]) -> bool:
@@ -46,7 +57,7 @@ class RequestGuard:
             return await self.app(scope, receive, send)
         path = scope["path"]
         headers = dict(scope["headers"])
-        if self.api_keys and path not in OPEN_PATHS:
+        if self.api_keys and not is_open(scope["method"], path):
             auth = headers.get(b"authorization", b"").decode("latin-1")
             scheme, _, token = auth.partition(" ")
             if scheme.lower() != "bearer" or not key_matches(token.strip(), self.api_keys):

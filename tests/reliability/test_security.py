@@ -16,13 +16,13 @@ def test_keys_logs_paths_and_cors(tiny_checkpoints):
     server.wait_ready()
     auth = {"Authorization": f"Bearer {KEY}"}
     try:
-        # Every endpoint but the probes and the scrape needs the key.
+        # Every endpoint but the probes, the scrape and the playground page needs the key.
         for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/generate"),
                              ("POST", "/generate_stream"), ("POST", "/"), ("GET", "/docs"), ("GET", "/openapi.json")]:
             r = httpx.request(method, f"{server.url}{path}", json={"prompt": "x", "inputs": "x"})
             assert r.status_code == 401, path
-        for path in ("/health", "/ready", "/metrics"):
-            assert httpx.get(f"{server.url}{path}").status_code == 200
+        for path in ("/health", "/ready", "/metrics", "/playground", "/"):
+            assert httpx.get(f"{server.url}{path}").status_code == 200, path
         secret_prompt = "my very private prompt text"
         r = httpx.post(f"{server.url}/v1/completions", headers=auth,
                        json={"prompt": secret_prompt, "max_tokens": 3, "ignore_eos": True})
