@@ -24,6 +24,7 @@ from server.sampling import SamplingParams
 from server.sampling.params import MAX_LOGPROBS
 
 from .engine_errors import checked
+from .sampling_defaults import default_max_tokens
 from .errors import JSON_OR_SSE_RESPONSE, SSE_RESPONSE, TGI_ERROR_RESPONSES, APIError
 from .generation import resolve_model, submit, until_disconnected
 from .sse import SSE_HEADERS, sse_event
@@ -157,8 +158,7 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
         prompt_ids = prompt_ids[-p.truncate:]  # TGI keeps the end of the prompt
     max_new_tokens = p.max_new_tokens
     if max_new_tokens is None:
-        room = hosted.max_model_len - len(prompt_ids)
-        max_new_tokens = max(1, min(room, config.max_tokens_limit, DEFAULT_MAX_NEW_TOKENS))
+        max_new_tokens = min(default_max_tokens(hosted, config, len(prompt_ids)), DEFAULT_MAX_NEW_TOKENS)
     check_context(hosted, len(prompt_ids), max_new_tokens, param="max_new_tokens")
     seed = None
     if sampling:
@@ -168,9 +168,9 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
     beam = p.num_beams > 1
     params = build_params(
         hosted, n=best_of, max_tokens=max_new_tokens,
-        temperature=(1.0 if p.temperature is None else p.temperature) if sampling else 0.0,
-        top_k=-1 if p.top_k is None else p.top_k, top_p=1.0 if p.top_p is None else p.top_p,
-        repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
+        # Left out (None): the checkpoint's recommendation, when sampling; TGI stays greedy unless asked to sample.
+        temperature=p.temperature if sampling else 0.0, top_k=p.top_k, top_p=p.top_p,
+        repetition_penalty=p.repetition_penalty,
         frequency_penalty=0.0 if p.frequency_penalty is None else p.frequency_penalty,
         seed=seed, stop=list(p.stop),
         logprobs=top_n if details or stream else None,  # streamed tokens always carry their logprob
@@ -380,3 +380,4 @@ async def compat_generate(request: CompatGenerateRequest, http: Request):
     if request.stream:
         return await generate_stream(request, http)
     return [await generate(request, http)]
+

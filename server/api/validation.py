@@ -13,6 +13,7 @@ from server.hosting import HostedModel
 from server.sampling import SamplingParamError, SamplingParams
 
 from .errors import APIError
+from .sampling_defaults import fill_sampling_settings
 
 
 def invalid(message: str, param: str | None) -> APIError:
@@ -44,6 +45,12 @@ def check_stop(config: ServerConfig, stop: list[str], param: str = "stop") -> No
         raise invalid(f"stop sequences must have 1 to {config.max_stop_string_chars} characters", param)
 
 
+def check_token_ids(hosted: HostedModel, ids: list[int], param: str) -> None:
+    vocab = hosted.loaded.model.config.vocab_size
+    if any(t < 0 or t >= vocab for t in ids):
+        raise invalid(f"{param} must hold token ids in [0, {vocab})", param)
+
+
 def encode_prompt(hosted: HostedModel, prompt: str | list[int], param: str = "prompt") -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
@@ -55,9 +62,7 @@ def encode_prompt(hosted: HostedModel, prompt: str | list[int], param: str = "pr
         ids = hosted.tokenizer.encode(prompt)
     else:
         ids = list(prompt)
-        vocab = hosted.loaded.model.config.vocab_size
-        if any(t < 0 or t >= vocab for t in ids):
-            raise invalid(f"prompt token ids must be in [0, {vocab})", param)
+        check_token_ids(hosted, ids, param)
     if not ids:
         raise invalid("the prompt is empty after tokenization", param)
     return ids
@@ -75,9 +80,11 @@ def check_context(hosted: HostedModel, num_prompt_tokens: int, max_tokens: int, 
 
 
 def build_params(hosted: HostedModel, **kwargs) -> SamplingParams:
-    """SamplingParams checks itself; token ids it names must also exist in this model's vocabulary."""
+    """SamplingParams from the request's settings, None for each one it left out (filled by the checkpoint's
+    recommendation or SamplingParams' default). SamplingParams checks itself; token ids it names must also
+    exist in this model's vocabulary."""
     try:
-        params = SamplingParams(**kwargs)
+        params = SamplingParams(**fill_sampling_settings(hosted, kwargs))
         params.check_vocab(hosted.loaded.model.config.vocab_size)
     except SamplingParamError as e:
         raise invalid(str(e), e.param) from None

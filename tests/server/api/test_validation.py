@@ -18,7 +18,8 @@ from server.api.validation import (
 from server.config import ServerConfig
 
 CONFIG = ServerConfig(max_tokens_limit=100, max_n=4, max_beam_width=3, max_stop_strings=2, max_stop_string_chars=5)
-HOSTED = SimpleNamespace(loaded=SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=50))))
+HOSTED = SimpleNamespace(loaded=SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=50)),
+                                               generation_defaults={}))
 
 
 def refusal(check, *args) -> APIError:
