@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: /v1/completions (plain and streamed) and /v1/models."""
+"""OpenAI-compatible routes: /v1/completions (plain and streamed) and /v1/models (chat: chat_routes.py)."""
 
 from __future__ import annotations
 
@@ -111,9 +111,11 @@ def _logprobs_block(tokenizer, entries: list[TokenLogprob | None], ids: list[int
 @router.get("/v1/models", responses={401: OPENAI_ERROR_RESPONSES[401]})
 async def list_models(http: Request):
     host = http.app.state.host
+    # root: what the model was loaded from (vLLM's field); chat: Quill's, whether /v1/chat/completions serves it.
     return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": m.created, "owned_by": "quill",
-         "max_model_len": m.max_model_len, "architecture": m.loaded.architecture}
+        {"id": name, "object": "model", "created": m.created, "owned_by": "quill", "root": m.loaded.model_id,
+         "parent": None, "max_model_len": m.max_model_len, "architecture": m.loaded.architecture,
+         "chat": m.chat_template is not None}
         for name, m in host.models.items()
     ]}
 

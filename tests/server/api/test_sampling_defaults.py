@@ -102,3 +102,16 @@ async def test_tgi_stays_greedy_unless_sampling_and_then_samples_as_recommended(
     off = await submitted_params(apps, "none", "/generate", {"inputs": "To be", "parameters": {"do_sample": True}})
     room = 128 - len(apps["none"][0].state.host.models["llama"].tokenizer.encode("To be"))
     assert (off.temperature, off.top_p, off.max_tokens) == (1.0, 1.0, room)  # all the context leaves
+
+
+async def test_chat(apps):
+    messages = [{"role": "user", "content": "To be"}]
+    left_out = await submitted_params(apps, "auto", "/v1/chat/completions", {"messages": messages})
+    assert settings(left_out) == RECOMMENDED
+    given = await submitted_params(apps, "auto", "/v1/chat/completions", {
+        "messages": messages, "temperature": 0, "top_p": 0.5, "max_completion_tokens": 4})
+    assert settings(given) == dict(temperature=0.0, top_p=0.5, max_tokens=4)
+    off = await submitted_params(apps, "none", "/v1/chat/completions", {"messages": messages, "ignore_eos": True})
+    hosted = apps["none"][0].state.host.models["llama"]
+    room = 128 - len(hosted.tokenizer.encode(hosted.chat_template.render(messages), add_special_tokens=False))
+    assert settings(off) == dict(temperature=1.0, top_p=1.0, max_tokens=room)  # all the context leaves, as vLLM
