@@ -1,4 +1,4 @@
-"""text-generation-inference routes: /generate, /generate_stream, and / (TGI's compatibility route).
+"""text-generation-inference routes: /generate, /generate_stream, / (TGI's compatibility route) and /info.
 
 TGI's semantics where Quill can offer them: greedy unless sampling is asked for (do_sample, or any
 of temperature/top_k/top_p), a random seed chosen and reported when sampling, the stop sequence kept
@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from models.tokenizer import IncrementalDecoder
+from server import __version__
 from server.config import ServerConfig
 from server.engine.async_engine import RequestStream
 from server.engine.outputs import CompletionOutput, TokenLogprob
@@ -381,3 +382,27 @@ async def compat_generate(request: CompatGenerateRequest, http: Request):
         return await generate_stream(request, http)
     return [await generate(request, http)]
 
+
+# ---- /info -----------------------------------------------------------------------------------
+
+
+@router.get("/info", responses={401: TGI_ERROR_RESPONSES[401], 503: TGI_ERROR_RESPONSES[503]})
+async def info(http: Request):
+    """TGI's Info (what InferenceClient.get_endpoint_info() returns), for the default model: TGI serves
+    one. Older TGI names (max_input_length, model_dtype, ...) are given too, as clients read either."""
+    state = http.app.state
+    if state.host is None:
+        raise APIError(503, "the models are still loading", reason="loading")
+    hosted = state.host.get(None)
+    config: ServerConfig = state.config
+    loaded = hosted.loaded
+    return {
+        "model_id": loaded.model_id, "model_sha": loaded.revision, "model_pipeline_tag": "text-generation",
+        "model_dtype": str(loaded.dtype), "model_device_type": loaded.device.type,
+        "max_concurrent_requests": config.max_num_seqs + config.max_queue,
+        "max_best_of": config.max_n, "max_stop_sequences": config.max_stop_strings,
+        "max_input_tokens": hosted.max_model_len - 1, "max_input_length": hosted.max_model_len - 1,
+        "max_total_tokens": hosted.max_model_len, "max_batch_total_tokens": config.max_num_batched_tokens,
+        "max_batch_size": config.max_num_seqs, "max_client_batch_size": 1, "validation_workers": 1,
+        "router": "quill", "version": __version__, "sha": None, "docker_label": None,
+    }
