@@ -53,7 +53,9 @@ def render_chat(hosted: HostedModel, options: ChatTemplateOptions, add_special_t
         raise invalid("messages must hold at least one message", "messages")
     messages = [_template_message(i, m) for i, m in enumerate(options.messages)]
     continue_final = options.continue_final_message
-    add_generation_prompt = not continue_final if options.add_generation_prompt is None else options.add_generation_prompt
+    add_generation_prompt = options.add_generation_prompt
+    if add_generation_prompt is None:  # vLLM's default is true; continuing the last message implies false
+        add_generation_prompt = not continue_final
     if add_generation_prompt and continue_final:
         raise invalid("add_generation_prompt and continue_final_message cannot both be true: the one opens a new "
                       "assistant message, the other continues the last one", "continue_final_message")

@@ -94,7 +94,8 @@ def test_bare_hub_id_is_named_by_itself(tmp_path):
 
 # ---- chat templates ------------------------------------------------------------------------------
 
-TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
 ONE_TURN = [{"role": "user", "content": "To be"}]
 
 
