@@ -116,7 +116,6 @@ def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: Host
     prompt = render_chat(hosted, request)
     if max_tokens is None:
         max_tokens = default_max_tokens(hosted, config, len(prompt.ids))
-    check_context(hosted, len(prompt.ids), max_tokens, param=max_param)
     params = build_params(
         hosted, n=request.n, max_tokens=max_tokens, min_tokens=request.min_tokens,
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
@@ -129,6 +128,7 @@ def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: Host
         length_penalty=request.length_penalty, early_stopping=request.early_stopping,
         skip_special_tokens=request.skip_special_tokens,
     )
+    check_context(hosted, len(prompt.ids), max_tokens, param=max_param)  # after the settings, as for completions
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return _Plan(hosted, prompt, params, request.logprobs, include_usage)
 

@@ -76,8 +76,6 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
     max_tokens = request.max_tokens
     if max_tokens is None:
         max_tokens = default_max_tokens(hosted, config, max(len(ids) for ids, _ in prompts), DEFAULT_MAX_TOKENS)
-    for ids, _ in prompts:
-        check_context(hosted, len(ids), max_tokens)
     params = build_params(
         hosted,
         n=best_of if not request.use_beam_search else request.n,
@@ -92,6 +90,8 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
         length_penalty=request.length_penalty, early_stopping=request.early_stopping,
         skip_special_tokens=request.skip_special_tokens,
     )
+    for ids, _ in prompts:  # after the settings: a bad setting is named even when the context is also short
+        check_context(hosted, len(ids), max_tokens)
     return params, prompts
 
 
