@@ -39,8 +39,10 @@ from .validation import (
     check_context,
     check_max_tokens,
     check_num_samples,
-    check_stop,
+    check_top_k,
     invalid,
+    parse_logit_bias,
+    stop_strings,
 )
 
 router = APIRouter()
@@ -105,14 +107,9 @@ def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: Host
         if not 0 <= request.top_logprobs <= MAX_LOGPROBS:
             raise invalid(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {request.top_logprobs}",
                           "top_logprobs")
-    if request.top_k == 0:
-        raise invalid("top_k must be -1 (off) or at least 1, got 0", "top_k")
-    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    check_stop(config, stop)
-    try:
-        logit_bias = {int(k): v for k, v in (request.logit_bias or {}).items()}
-    except ValueError:
-        raise invalid("logit_bias keys must be token ids", "logit_bias") from None
+    check_top_k(request.top_k)
+    stop = stop_strings(config, request.stop)
+    logit_bias = parse_logit_bias(request.logit_bias)
     prompt = render_chat(hosted, request)
     if max_tokens is None:
         max_tokens = default_max_tokens(hosted, config, len(prompt.ids))
@@ -121,7 +118,7 @@ def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: Host
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
         repetition_penalty=request.repetition_penalty,
         presence_penalty=request.presence_penalty or 0.0, frequency_penalty=request.frequency_penalty or 0.0,
-        logit_bias=logit_bias or None, seed=request.seed, stop=stop, stop_token_ids=request.stop_token_ids or [],
+        logit_bias=logit_bias, seed=request.seed, stop=stop, stop_token_ids=request.stop_token_ids or [],
         ignore_eos=request.ignore_eos,
         logprobs=(request.top_logprobs or 0) if request.logprobs else None,
         use_beam_search=request.use_beam_search, beam_width=request.n if request.use_beam_search else 1,

@@ -23,9 +23,11 @@ from .validation import (
     check_context,
     check_max_tokens,
     check_num_samples,
-    check_stop,
+    check_top_k,
     encode_prompt,
     invalid,
+    parse_logit_bias,
+    stop_strings,
 )
 
 router = APIRouter()
@@ -60,14 +62,9 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
         raise invalid("best_of > n cannot be streamed", "best_of")
     if request.use_beam_search and request.stop:
         raise invalid("stop strings are not supported with beam search", "stop")
-    if request.top_k == 0:
-        raise invalid("top_k must be -1 (off) or at least 1, got 0", "top_k")
-    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    check_stop(config, stop)
-    try:
-        logit_bias = {int(k): v for k, v in (request.logit_bias or {}).items()}
-    except ValueError:
-        raise invalid("logit_bias keys must be token ids", "logit_bias") from None
+    check_top_k(request.top_k)
+    stop = stop_strings(config, request.stop)
+    logit_bias = parse_logit_bias(request.logit_bias)
     prompts = []
     for prompt in _prompts(request):
         ids = encode_prompt(hosted, prompt)
@@ -83,7 +80,7 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
         repetition_penalty=request.repetition_penalty,
         presence_penalty=request.presence_penalty or 0.0, frequency_penalty=request.frequency_penalty or 0.0,
-        logit_bias=logit_bias or None, seed=request.seed, stop=stop, stop_token_ids=request.stop_token_ids or [],
+        logit_bias=logit_bias, seed=request.seed, stop=stop, stop_token_ids=request.stop_token_ids or [],
         ignore_eos=request.ignore_eos, logprobs=request.logprobs,
         prompt_logprobs=request.logprobs if request.echo and request.logprobs is not None else None,
         use_beam_search=request.use_beam_search, beam_width=best_of if request.use_beam_search else 1,

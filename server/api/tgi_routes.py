@@ -25,9 +25,9 @@ from server.sampling import SamplingParams
 from server.sampling.params import MAX_LOGPROBS
 
 from .engine_errors import checked
-from .sampling_defaults import default_max_tokens
 from .errors import JSON_OR_SSE_RESPONSE, SSE_RESPONSE, TGI_ERROR_RESPONSES, APIError
 from .generation import resolve_model, submit, until_disconnected
+from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
 from .tgi_schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
 from .tracking import RequestTracker

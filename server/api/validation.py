@@ -45,6 +45,29 @@ def check_stop(config: ServerConfig, stop: list[str], param: str = "stop") -> No
         raise invalid(f"stop sequences must have 1 to {config.max_stop_string_chars} characters", param)
 
 
+def stop_strings(config: ServerConfig, stop: str | list[str] | None, param: str = "stop") -> list[str]:
+    """OpenAI's `stop`: one string or a list, checked against the server's bounds."""
+    strings = [stop] if isinstance(stop, str) else list(stop or [])
+    check_stop(config, strings, param)
+    return strings
+
+
+def parse_logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's `logit_bias`: token ids written as JSON object keys (strings)."""
+    if not logit_bias:
+        return None
+    try:
+        return {int(k): v for k, v in logit_bias.items()}
+    except ValueError:
+        raise invalid("logit_bias keys must be token ids", "logit_bias") from None
+
+
+def check_top_k(top_k: int | None) -> None:
+    """vLLM's OpenAI routes: -1 turns top-k off; 0 is a mistake worth naming."""
+    if top_k == 0:
+        raise invalid("top_k must be -1 (off) or at least 1, got 0", "top_k")
+
+
 def check_token_ids(hosted: HostedModel, ids: list[int], param: str) -> None:
     vocab = hosted.loaded.model.config.vocab_size
     if any(t < 0 or t >= vocab for t in ids):
