@@ -3,7 +3,8 @@ prompt against the model, and the sampling settings.
 
 Each dialect parses its own fields and passes their names, so a message names what the client sent.
 Rules that belong to one dialect (TGI's strictly positive top_k and u64 seeds, OpenAI's best_of >= n)
-stay in its routes.
+stay in its routes, except the forms OpenAI's two routes (completions and chat) both read: stop,
+logit_bias, top_k.
 """
 
 from __future__ import annotations
