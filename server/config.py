@@ -26,6 +26,7 @@ class ServerConfig:
     block_size: int = 16
     max_model_len: int | None = None  # None: the model's context (Transformers), 4096 (recurrent, convolutional)
     generation_config: str = "auto"  # "auto": sampling defaults from the checkpoint's generation_config.json; "none"
+    chat_templates: list[str] = field(default_factory=list)  # [NAME=]FILE: a Jinja chat template for NAME (or all)
     api_keys: list[str] = field(default_factory=list)
     max_body_bytes: int = 1 * 2**20
     body_timeout: float = 30.0  # seconds for a request body to arrive in full (slow-loris guard)
@@ -56,6 +57,18 @@ class ServerConfig:
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
         return out
+
+    def chat_template_files(self) -> dict[str | None, str]:
+        """Model name (None: every model) -> the chat template file that replaces its checkpoint's."""
+        files = {}
+        for spec in self.chat_templates:
+            name, sep, path = spec.partition("=")
+            if not sep or os.path.isfile(spec):  # a bare FILE (a file whose name holds "=" included)
+                name, path = None, spec
+            if name in files:
+                raise ValueError(f"--chat-template given twice for {name or 'every model'}")
+            files[name] = path
+        return files
 
 
 def _env(name: str, default):
@@ -96,6 +109,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "auto: settings a request leaves out default to the checkpoint's generation_config.json "
         "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens); none: Quill's defaults",
         choices=GENERATION_CONFIG_MODES)
+    repeated("--chat-template", "chat_templates",
+             "[NAME=]FILE: a Jinja chat template for model NAME, or for every model without NAME; it replaces "
+             "the checkpoint's own (needed by /v1/chat/completions for a checkpoint that ships none)")
     repeated("--api-key", "api_keys", "require this bearer token (repeat for several)")
     arg("--max-body-bytes", int, d.max_body_bytes, "largest request body accepted")
     arg("--body-timeout", float, d.body_timeout, "seconds a request body may take to arrive (then 408)")

@@ -1,11 +1,13 @@
-"""The models a server hosts: each loaded once, with its own engine loop."""
+"""The models a server hosts: each loaded once, with its own engine loop and its chat template."""
 
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+from models.chat_template import ChatTemplate, ChatTemplateError
 from models.checkpoint import LoadedModel, load_checkpoint
 
 from .config import ServerConfig
@@ -25,10 +27,38 @@ class HostedModel:
     engine: AsyncEngine
     max_model_len: int
     created: int  # unix time, for /v1/models
+    chat_template: ChatTemplate | None = None  # None: /v1/chat/completions answers 400 with `no_chat_reason`
+    no_chat_reason: str = ""
 
     @property
     def tokenizer(self):
         return self.loaded.tokenizer
+
+
+def read_chat_template(file: str) -> str:
+    """A --chat-template file's source, checked to compile: a bad one stops the server before any model loads."""
+    try:
+        source = Path(file).read_text(encoding="utf-8")
+        ChatTemplate(source)
+    except (OSError, UnicodeDecodeError, ChatTemplateError) as e:
+        raise ValueError(f"--chat-template {file}: {e}") from None
+    return source
+
+
+def chat_template_for(name: str, loaded: LoadedModel, source: str | None) -> tuple[ChatTemplate | None, str]:
+    """The template a hosted model renders chats with: `source` (from --chat-template) if given, else the
+    checkpoint's; and, when there is none, why. A checkpoint's template that does not compile disables
+    chat for that model only (its completions still work)."""
+    if source is not None:
+        return ChatTemplate(source, loaded.special_tokens), ""
+    if loaded.chat_template is None:
+        return None, (f"the model {name!r} has no chat template: its checkpoint ships none (chat_template.jinja, "
+                      "or chat_template in tokenizer_config.json); give one with --chat-template FILE")
+    try:
+        return ChatTemplate(loaded.chat_template, loaded.special_tokens), ""
+    except ChatTemplateError as e:
+        log.warning("%s: chat disabled: %s", name, e)
+        return None, f"the chat template of {name!r} cannot be used ({e}); give another with --chat-template FILE"
 
 
 class ModelHost:
@@ -40,12 +70,17 @@ class ModelHost:
     def load(cls, config: ServerConfig) -> "ModelHost":
         models = {}
         specs = config.model_specs()
+        template_files = config.chat_template_files()
+        unknown = set(template_files) - {None} - {name for name, _ in specs}
+        if unknown:
+            raise ValueError(f"--chat-template names models that are not hosted: {', '.join(sorted(unknown))}")
+        templates = {name: read_chat_template(file) for name, file in template_files.items()}
         for i, (name, path) in enumerate(specs, 1):
             start = time.monotonic()
             log.info("loading model %d/%d: %s from %s", i, len(specs), name, path)
             loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name,
                                      generation_config=config.generation_config)
-            models[name] = cls._host(name, loaded, config)
+            models[name] = cls._host(name, loaded, config, templates.get(name, templates.get(None)))
             engine = models[name].engine
             log.info(
                 "loaded %s: %s, %.1fM parameters, %s on %s, %.1f MiB cache reserved (%s), max_model_len %d, in %.1fs",
@@ -59,7 +94,7 @@ class ModelHost:
         return cls(models)
 
     @staticmethod
-    def _host(name: str, loaded: LoadedModel, config: ServerConfig) -> HostedModel:
+    def _host(name: str, loaded: LoadedModel, config: ServerConfig, chat_template: str | None = None) -> HostedModel:
         engine_config = EngineConfig(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.max_queue),
             CacheConfig(block_size=config.block_size, cache_bytes=config.cache_bytes,
@@ -67,7 +102,9 @@ class ModelHost:
         )
         limit = loaded.max_seq_len or RECURRENT_MAX_MODEL_LEN
         max_model_len = min(limit, config.max_model_len) if config.max_model_len else limit
-        return HostedModel(name, loaded, AsyncEngine(loaded, engine_config, name=name), max_model_len, int(time.time()))
+        template, no_chat_reason = chat_template_for(name, loaded, chat_template)
+        return HostedModel(name, loaded, AsyncEngine(loaded, engine_config, name=name), max_model_len, int(time.time()),
+                           template, no_chat_reason)
 
     def start(self) -> None:
         for hosted in self.models.values():

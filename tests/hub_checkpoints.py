@@ -10,7 +10,8 @@ templates in tokenizer_config.json).
 
 `llama-chat` is the one to serve: sharded weights, a chat template, and a
 generation_config.json whose EOS list is longer than config.json's, with an id that
-greedy decoding of `CHAT_PROMPT` reaches after a few tokens.
+greedy decoding of `CHAT_PROMPT` reaches after a few tokens. `reference_chat` is what
+transformers makes of a chat on a checkpoint, for tests of the chat route.
 """
 
 from __future__ import annotations
@@ -241,3 +242,32 @@ def write_hub_cache(cache: Path) -> dict[str, HubCheckpoint]:
         (refs / "main").write_text(COMMIT)
         out[repo_id] = HubCheckpoint(repo_id, snapshot, reference)
     return out
+
+
+@dataclass
+class ReferenceChat:
+    prompt_ids: list[int]  # apply_chat_template(..., add_generation_prompt=True, tokenize=True)
+    output_ids: list[int]  # greedy generate(), stopped by the checkpoint's EOS list (the EOS id included)
+    logprobs: list[float]  # log p of each output token under the model's raw distribution
+    text: str  # the reply: the output decoded without its EOS id and special tokens
+    finish_reason: str  # "stop" (an EOS id) or "length"
+
+
+def reference_chat(checkpoint: HubCheckpoint, messages: list[dict], max_new_tokens: int) -> ReferenceChat:
+    """What transformers makes of a chat on `checkpoint`: its template's prompt ids, then greedy
+    decoding with generation_config.json's EOS ids."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint.path)
+    eos = transformers.GenerationConfig.from_pretrained(checkpoint.path).eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos)
+    prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                return_dict=False))
+    out = checkpoint.reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
+                                        eos_token_id=eos, pad_token_id=0, output_logits=True,
+                                        return_dict_in_generate=True)
+    ids = out.sequences[0, len(prompt):].tolist()
+    logprobs = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(out.logits, ids)]
+    stopped = bool(ids) and ids[-1] in eos
+    text = tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=True)
+    return ReferenceChat(prompt, ids, logprobs, text, "stop" if stopped else "length")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from server import __version__
 from server.config import ServerConfig
 from server.hosting import ModelHost
 
-from . import health_routes, openai_routes, playground_routes, tgi_routes
+from . import chat_routes, health_routes, openai_routes, playground_routes, tgi_routes, tokenize_routes
 from .errors import APIError, install_error_handlers, is_openai_path
 from .guards import RequestGuard
 from .metrics import Metrics
@@ -15,7 +16,7 @@ from .metrics import Metrics
 
 def create_app(host: ModelHost | None, config: ServerConfig, metrics: Metrics | None = None) -> FastAPI:
     """`host` may be None while models load (then /ready answers 503); attach it with `attach_host`."""
-    app = FastAPI(title="Quill", version="0.1.0",
+    app = FastAPI(title="Quill", version=__version__,
                   description="Text generation for LSTM, gated-CNN and Transformer language models")
     app.state.config = config
     app.state.metrics = metrics or Metrics()
@@ -37,6 +38,8 @@ def create_app(host: ModelHost | None, config: ServerConfig, metrics: Metrics | 
 
     app.include_router(health_routes.router)
     app.include_router(openai_routes.router)
+    app.include_router(chat_routes.router)
+    app.include_router(tokenize_routes.router)
     app.include_router(tgi_routes.router)
     app.include_router(playground_routes.router)
     if host is not None:

@@ -1,7 +1,7 @@
 """One error type for the whole API, rendered in the dialect of the route that raised it.
 
-OpenAI routes (/v1/...) answer {"error": {"message", "type", "param", "code"}};
-TGI routes answer {"error", "error_type"}.
+OpenAI routes (/v1/..., and vLLM's /tokenize and /detokenize) answer {"error": {"message", "type",
+"param", "code"}}; TGI routes answer {"error", "error_type"}.
 """
 
 from __future__ import annotations
@@ -61,8 +61,11 @@ class APIError(Exception):
         self.reason = reason or ERROR_TYPES.get(status, "error")  # the label of quill_request_errors_total
 
 
+VLLM_PATHS = ("/tokenize", "/detokenize")  # vLLM's routes outside /v1/, answered in OpenAI's shape as vLLM does
+
+
 def is_openai_path(path: str) -> bool:
-    return path.startswith("/v1/")
+    return path.startswith("/v1/") or path in VLLM_PATHS
 
 
 def error_body(path: str, status: int, message: str, param: str | None = None, code: str | None = None) -> dict:

@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: /v1/completions (plain and streamed) and /v1/models."""
+"""OpenAI-compatible routes: /v1/completions (plain and streamed) and /v1/models (chat: chat_routes.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from .engine_errors import checked
 from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
 from .generation import resolve_model, submit, until_disconnected
 from .openai_schemas import CompletionRequest
+from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
 from .tracking import RequestTracker
 from .validation import (
@@ -22,12 +23,16 @@ from .validation import (
     check_context,
     check_max_tokens,
     check_num_samples,
-    check_stop,
+    check_top_k,
     encode_prompt,
     invalid,
+    parse_logit_bias,
+    stop_strings,
 )
 
 router = APIRouter()
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's, for a completion that names no max_tokens (and a checkpoint that recommends none)
 
 
 def _prompts(request: CompletionRequest) -> list:
@@ -44,9 +49,8 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
     the prompts' lengths."""
     if request.suffix:
         raise invalid("suffix is not supported", "suffix")
-    if request.max_tokens is None:
-        request.max_tokens = 16
-    check_max_tokens(config, request.max_tokens, "max_tokens")
+    if request.max_tokens is not None:
+        check_max_tokens(config, request.max_tokens, "max_tokens")
     best_of = request.best_of if request.best_of is not None else request.n
     if request.n < 1 or best_of < request.n:
         raise invalid(f"n must be >= 1 and best_of >= n, got n={request.n}, best_of={best_of}", "n")
@@ -58,37 +62,33 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
         raise invalid("best_of > n cannot be streamed", "best_of")
     if request.use_beam_search and request.stop:
         raise invalid("stop strings are not supported with beam search", "stop")
-    if request.top_k == 0:
-        raise invalid("top_k must be -1 (off) or at least 1, got 0", "top_k")
-    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    check_stop(config, stop)
-    try:
-        logit_bias = {int(k): v for k, v in (request.logit_bias or {}).items()}
-    except ValueError:
-        raise invalid("logit_bias keys must be token ids", "logit_bias") from None
+    check_top_k(request.top_k)
+    stop = stop_strings(config, request.stop)
+    logit_bias = parse_logit_bias(request.logit_bias)
+    prompts = []
+    for prompt in _prompts(request):
+        ids = encode_prompt(hosted, prompt)
+        text = prompt if isinstance(prompt, str) else hosted.tokenizer.decode(ids, request.skip_special_tokens)
+        prompts.append((ids, text))
+    max_tokens = request.max_tokens
+    if max_tokens is None:
+        max_tokens = default_max_tokens(hosted, config, max(len(ids) for ids, _ in prompts), DEFAULT_MAX_TOKENS)
     params = build_params(
         hosted,
         n=best_of if not request.use_beam_search else request.n,
-        max_tokens=request.max_tokens, min_tokens=request.min_tokens,
-        temperature=1.0 if request.temperature is None else request.temperature,
-        top_p=1.0 if request.top_p is None else request.top_p,
-        top_k=-1 if request.top_k is None else request.top_k,
-        min_p=request.min_p or 0.0,
-        repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+        max_tokens=max_tokens, min_tokens=request.min_tokens,
+        temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
+        repetition_penalty=request.repetition_penalty,
         presence_penalty=request.presence_penalty or 0.0, frequency_penalty=request.frequency_penalty or 0.0,
-        logit_bias=logit_bias or None, seed=request.seed, stop=stop, stop_token_ids=request.stop_token_ids or [],
+        logit_bias=logit_bias, seed=request.seed, stop=stop, stop_token_ids=request.stop_token_ids or [],
         ignore_eos=request.ignore_eos, logprobs=request.logprobs,
         prompt_logprobs=request.logprobs if request.echo and request.logprobs is not None else None,
         use_beam_search=request.use_beam_search, beam_width=best_of if request.use_beam_search else 1,
         length_penalty=request.length_penalty, early_stopping=request.early_stopping,
         skip_special_tokens=request.skip_special_tokens,
     )
-    prompts = []
-    for i, prompt in enumerate(_prompts(request)):
-        ids = encode_prompt(hosted, prompt)
-        check_context(hosted, len(ids), request.max_tokens)
-        text = prompt if isinstance(prompt, str) else hosted.tokenizer.decode(ids, request.skip_special_tokens)
-        prompts.append((ids, text))
+    for ids, _ in prompts:  # after the settings: a bad setting is named even when the context is also short
+        check_context(hosted, len(ids), max_tokens)
     return params, prompts
 
 
@@ -108,9 +108,11 @@ def _logprobs_block(tokenizer, entries: list[TokenLogprob | None], ids: list[int
 @router.get("/v1/models", responses={401: OPENAI_ERROR_RESPONSES[401]})
 async def list_models(http: Request):
     host = http.app.state.host
+    # root: what the model was loaded from (vLLM's field); chat: Quill's, whether /v1/chat/completions serves it.
     return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": m.created, "owned_by": "quill",
-         "max_model_len": m.max_model_len, "architecture": m.loaded.architecture}
+        {"id": name, "object": "model", "created": m.created, "owned_by": "quill", "root": m.loaded.model_id,
+         "parent": None, "max_model_len": m.max_model_len, "architecture": m.loaded.architecture,
+         "chat": m.chat_template is not None}
         for name, m in host.models.items()
     ]}
 

@@ -1,4 +1,8 @@
-"""OpenAI /v1/completions request, with vLLM's extensions (pydantic: the HTTP edge only)."""
+"""OpenAI /v1/completions request, with vLLM's extensions (pydantic: the HTTP edge only).
+
+A setting the client leaves out is None here: the checkpoint's recommendation or Quill's default
+fills it (server/api/sampling_defaults.py).
+"""
 
 from __future__ import annotations
 
@@ -17,9 +21,9 @@ class CompletionRequest(BaseModel):
     model: str | None = None
     prompt: str | list[str] | list[int] | list[list[int]]
     suffix: str | None = None
-    max_tokens: int | None = 16
-    temperature: float | None = 1.0
-    top_p: float | None = 1.0
+    max_tokens: int | None = None  # None: 16, or the checkpoint's max_new_tokens
+    temperature: float | None = None
+    top_p: float | None = None
     n: int = 1
     best_of: int | None = None
     stream: bool = False
@@ -33,9 +37,9 @@ class CompletionRequest(BaseModel):
     user: str | None = None
     seed: int | None = None
     # vLLM's extensions
-    top_k: int | None = -1
-    min_p: float | None = 0.0
-    repetition_penalty: float | None = 1.0
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0

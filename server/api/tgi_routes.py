@@ -1,4 +1,4 @@
-"""text-generation-inference routes: /generate, /generate_stream, and / (TGI's compatibility route).
+"""text-generation-inference routes: /generate, /generate_stream, / (TGI's compatibility route) and /info.
 
 TGI's semantics where Quill can offer them: greedy unless sampling is asked for (do_sample, or any
 of temperature/top_k/top_p), a random seed chosen and reported when sampling, the stop sequence kept
@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from models.tokenizer import IncrementalDecoder
+from server import __version__
 from server.config import ServerConfig
 from server.engine.async_engine import RequestStream
 from server.engine.outputs import CompletionOutput, TokenLogprob
@@ -26,6 +27,7 @@ from server.sampling.params import MAX_LOGPROBS
 from .engine_errors import checked
 from .errors import JSON_OR_SSE_RESPONSE, SSE_RESPONSE, TGI_ERROR_RESPONSES, APIError
 from .generation import resolve_model, submit, until_disconnected
+from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
 from .tgi_schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
 from .tracking import RequestTracker
@@ -157,8 +159,7 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
         prompt_ids = prompt_ids[-p.truncate:]  # TGI keeps the end of the prompt
     max_new_tokens = p.max_new_tokens
     if max_new_tokens is None:
-        room = hosted.max_model_len - len(prompt_ids)
-        max_new_tokens = max(1, min(room, config.max_tokens_limit, DEFAULT_MAX_NEW_TOKENS))
+        max_new_tokens = min(default_max_tokens(hosted, config, len(prompt_ids)), DEFAULT_MAX_NEW_TOKENS)
     check_context(hosted, len(prompt_ids), max_new_tokens, param="max_new_tokens")
     seed = None
     if sampling:
@@ -168,9 +169,9 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
     beam = p.num_beams > 1
     params = build_params(
         hosted, n=best_of, max_tokens=max_new_tokens,
-        temperature=(1.0 if p.temperature is None else p.temperature) if sampling else 0.0,
-        top_k=-1 if p.top_k is None else p.top_k, top_p=1.0 if p.top_p is None else p.top_p,
-        repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
+        # Left out (None): the checkpoint's recommendation, when sampling; TGI stays greedy unless asked to sample.
+        temperature=p.temperature if sampling else 0.0, top_k=p.top_k, top_p=p.top_p,
+        repetition_penalty=p.repetition_penalty,
         frequency_penalty=0.0 if p.frequency_penalty is None else p.frequency_penalty,
         seed=seed, stop=list(p.stop),
         logprobs=top_n if details or stream else None,  # streamed tokens always carry their logprob
@@ -380,3 +381,28 @@ async def compat_generate(request: CompatGenerateRequest, http: Request):
     if request.stream:
         return await generate_stream(request, http)
     return [await generate(request, http)]
+
+
+# ---- /info -----------------------------------------------------------------------------------
+
+
+@router.get("/info", responses={401: TGI_ERROR_RESPONSES[401], 503: TGI_ERROR_RESPONSES[503]})
+async def info(http: Request):
+    """TGI's Info (what InferenceClient.get_endpoint_info() returns), for the default model: TGI serves
+    one. Older TGI names (max_input_length, model_dtype, ...) are given too, as clients read either."""
+    state = http.app.state
+    if state.host is None:
+        raise APIError(503, "the models are still loading", reason="loading")
+    hosted = state.host.get(None)
+    config: ServerConfig = state.config
+    loaded = hosted.loaded
+    return {
+        "model_id": loaded.model_id, "model_sha": loaded.revision, "model_pipeline_tag": "text-generation",
+        "model_dtype": str(loaded.dtype), "model_device_type": loaded.device.type,
+        "max_concurrent_requests": config.max_num_seqs + config.max_queue,
+        "max_best_of": config.max_n, "max_stop_sequences": config.max_stop_strings,
+        "max_input_tokens": hosted.max_model_len - 1, "max_input_length": hosted.max_model_len - 1,
+        "max_total_tokens": hosted.max_model_len, "max_batch_total_tokens": config.max_num_batched_tokens,
+        "max_batch_size": config.max_num_seqs, "max_client_batch_size": 1, "validation_workers": 1,
+        "router": "quill", "version": __version__, "sha": None, "docker_label": None,
+    }

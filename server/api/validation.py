@@ -3,7 +3,8 @@ prompt against the model, and the sampling settings.
 
 Each dialect parses its own fields and passes their names, so a message names what the client sent.
 Rules that belong to one dialect (TGI's strictly positive top_k and u64 seeds, OpenAI's best_of >= n)
-stay in its routes.
+stay in its routes, except the forms OpenAI's two routes (completions and chat) both read: stop,
+logit_bias, top_k.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from server.hosting import HostedModel
 from server.sampling import SamplingParamError, SamplingParams
 
 from .errors import APIError
+from .sampling_defaults import fill_sampling_settings
 
 
 def invalid(message: str, param: str | None) -> APIError:
@@ -44,6 +46,35 @@ def check_stop(config: ServerConfig, stop: list[str], param: str = "stop") -> No
         raise invalid(f"stop sequences must have 1 to {config.max_stop_string_chars} characters", param)
 
 
+def stop_strings(config: ServerConfig, stop: str | list[str] | None, param: str = "stop") -> list[str]:
+    """OpenAI's `stop`: one string or a list, checked against the server's bounds."""
+    strings = [stop] if isinstance(stop, str) else list(stop or [])
+    check_stop(config, strings, param)
+    return strings
+
+
+def parse_logit_bias(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's `logit_bias`: token ids written as JSON object keys (strings)."""
+    if not logit_bias:
+        return None
+    try:
+        return {int(k): v for k, v in logit_bias.items()}
+    except ValueError:
+        raise invalid("logit_bias keys must be token ids", "logit_bias") from None
+
+
+def check_top_k(top_k: int | None) -> None:
+    """vLLM's OpenAI routes: -1 turns top-k off; 0 is a mistake worth naming."""
+    if top_k == 0:
+        raise invalid("top_k must be -1 (off) or at least 1, got 0", "top_k")
+
+
+def check_token_ids(hosted: HostedModel, ids: list[int], param: str) -> None:
+    vocab = hosted.loaded.model.config.vocab_size
+    if any(t < 0 or t >= vocab for t in ids):
+        raise invalid(f"{param} must hold token ids in [0, {vocab})", param)
+
+
 def encode_prompt(hosted: HostedModel, prompt: str | list[int], param: str = "prompt") -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
@@ -55,9 +86,7 @@ def encode_prompt(hosted: HostedModel, prompt: str | list[int], param: str = "pr
         ids = hosted.tokenizer.encode(prompt)
     else:
         ids = list(prompt)
-        vocab = hosted.loaded.model.config.vocab_size
-        if any(t < 0 or t >= vocab for t in ids):
-            raise invalid(f"prompt token ids must be in [0, {vocab})", param)
+        check_token_ids(hosted, ids, param)
     if not ids:
         raise invalid("the prompt is empty after tokenization", param)
     return ids
@@ -75,9 +104,11 @@ def check_context(hosted: HostedModel, num_prompt_tokens: int, max_tokens: int, 
 
 
 def build_params(hosted: HostedModel, **kwargs) -> SamplingParams:
-    """SamplingParams checks itself; token ids it names must also exist in this model's vocabulary."""
+    """SamplingParams from the request's settings, None for each one it left out (filled by the checkpoint's
+    recommendation or SamplingParams' default). SamplingParams checks itself; token ids it names must also
+    exist in this model's vocabulary."""
     try:
-        params = SamplingParams(**kwargs)
+        params = SamplingParams(**fill_sampling_settings(hosted, kwargs))
         params.check_vocab(hosted.loaded.model.config.vocab_size)
     except SamplingParamError as e:
         raise invalid(str(e), e.param) from None

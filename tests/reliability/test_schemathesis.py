@@ -20,8 +20,12 @@ from tests.server.api.conftest import server_config
 
 
 @pytest.fixture(scope="module")
-def fuzzed_app(tiny_checkpoints):
-    config = server_config(tiny_checkpoints, max_tokens_limit=64)
+def fuzzed_app(tiny_checkpoints, tmp_path_factory):
+    # A chat template that reads names, roles and keyword arguments, so fuzzed chats reach the engine.
+    template = tmp_path_factory.mktemp("chat") / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m.name or m.role }}: {{ m.content }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}{{ speaker | default('assistant') }}:{% endif %}")
+    config = server_config(tiny_checkpoints, max_tokens_limit=64, chat_templates=[str(template)])
     host = ModelHost.load(config)
     host.start()
     yield create_app(host, config)
@@ -34,8 +38,10 @@ def fuzzed_schema(fuzzed_app):
 
 
 # Operations without inputs have no invalid inputs to generate: positive cases only.
-CASES = [(op, GenerationMode.POSITIVE) for op in ("GET /health", "GET /ready", "GET /metrics", "GET /v1/models")] + [
-    (op, mode) for op in ("POST /v1/completions", "POST /generate", "POST /generate_stream", "POST /")
+CASES = [(op, GenerationMode.POSITIVE) for op in ("GET /health", "GET /ready", "GET /metrics", "GET /v1/models",
+                                                  "GET /info")] + [
+    (op, mode) for op in ("POST /v1/completions", "POST /v1/chat/completions", "POST /tokenize", "POST /detokenize",
+                          "POST /generate", "POST /generate_stream", "POST /")
     for mode in GenerationMode
 ]
 

@@ -1,14 +1,21 @@
-"""`quill serve` hosts checkpoints by hub id from an offline Hugging Face cache, and stops
-on the EOS ids of their generation_config.json."""
+"""`quill serve` hosts checkpoints by hub id from an offline Hugging Face cache, stops on the
+EOS ids of their generation_config.json, and gives each model its chat template (the
+checkpoint's, or one from --chat-template)."""
 
 from __future__ import annotations
+
+import shutil
 
 import httpx
 import pytest
 import torch
 import transformers
 
-from server.config import ServerConfig, add_serve_arguments, config_from_args
+from models.chat_template import ChatTemplate
+from models.location import BUNDLED_DIR
+from models.tokenizer_config import read_tokenizer_config
+from server.config import DEFAULT_MODELS, ServerConfig, add_serve_arguments, config_from_args
+from server.hosting import ModelHost
 from tests.conftest import LiveServer
 from tests.hub_checkpoints import CHAT_MIN_TOKENS, CHAT_PROMPT
 
@@ -83,3 +90,66 @@ def test_generation_config_flag(monkeypatch):
 def test_bare_hub_id_is_named_by_itself(tmp_path):
     config = ServerConfig(models=[LLAMA, str(tmp_path), "short=org/model"])
     assert config.model_specs() == [(LLAMA, LLAMA), (tmp_path.name, str(tmp_path)), ("short", "org/model")]
+
+
+# ---- chat templates ------------------------------------------------------------------------------
+
+TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+ONE_TURN = [{"role": "user", "content": "To be"}]
+
+
+def test_chat_template_flag(monkeypatch):
+    assert parse().chat_template_files() == {}
+    config = parse("--chat-template", "all.jinja", "--chat-template", "tiny=tiny.jinja")
+    assert config.chat_template_files() == {None: "all.jinja", "tiny": "tiny.jinja"}
+    monkeypatch.setenv("QUILL_CHAT_TEMPLATE", "a.jinja,b=b.jinja")
+    assert parse().chat_template_files() == {None: "a.jinja", "b": "b.jinja"}
+    with pytest.raises(ValueError, match="given twice for every model"):
+        ServerConfig(chat_templates=["a.jinja", "b.jinja"]).chat_template_files()
+
+
+def host_tiny(tiny_checkpoints, **overrides) -> ModelHost:
+    """The tiny checkpoints (which ship no chat template), loaded but not started."""
+    return ModelHost.load(ServerConfig(models=[f"{n}={p}" for n, p in tiny_checkpoints.items()], device="cpu",
+                                       dtype="float32", cache_bytes=2**20, **overrides))
+
+
+def test_chat_template_file_serves_models_without_one(tiny_checkpoints, tmp_path):
+    (tmp_path / "chat.jinja").write_text(TEMPLATE)
+    (tmp_path / "lstm.jinja").write_text("[{{ messages[-1].content }}]")
+    host = host_tiny(tiny_checkpoints, chat_templates=[str(tmp_path / "chat.jinja"),
+                                                       f"tiny-lstm={tmp_path / 'lstm.jinja'}"])
+    assert host.models["tiny-transformer"].chat_template.render(ONE_TURN) == "<user>To be<assistant>"
+    assert host.models["tiny-lstm"].chat_template.render(ONE_TURN) == "[To be]"  # its own beats the one for all
+    without = host_tiny(tiny_checkpoints).models["tiny-gcnn"]
+    assert without.chat_template is None
+    assert "has no chat template" in without.no_chat_reason and "--chat-template FILE" in without.no_chat_reason
+
+
+def test_bad_chat_template_files_stop_the_server_before_loading(tiny_checkpoints, tmp_path):
+    (tmp_path / "broken.jinja").write_text("{% for m in messages %}")
+    (tmp_path / "good.jinja").write_text(TEMPLATE)
+    for spec, words in ((str(tmp_path / "broken.jinja"), "does not compile"),
+                        (str(tmp_path / "missing.jinja"), "No such file"),
+                        (f"nope={tmp_path / 'good.jinja'}", "not hosted: nope")):
+        with pytest.raises(ValueError, match=words):
+            host_tiny(tiny_checkpoints, chat_templates=[spec])
+
+
+def test_a_checkpoint_template_that_does_not_compile_disables_only_chat(tiny_checkpoints, tmp_path):
+    directory = tmp_path / "broken-template"
+    shutil.copytree(tiny_checkpoints["tiny-lstm"], directory)
+    (directory / "chat_template.jinja").write_text("{% if %}")
+    hosted = host_tiny({"broken": str(directory)}).models["broken"]
+    assert hosted.chat_template is None and "cannot be used" in hosted.no_chat_reason
+
+
+def test_bundled_models_ship_one_documented_chat_template():
+    sources = {name: (BUNDLED_DIR / name / "chat_template.jinja").read_text() for name in DEFAULT_MODELS}
+    assert len(set(sources.values())) == 1  # the same scene-of-a-play template for all three
+    source = sources[DEFAULT_MODELS[0]]
+    assert source.startswith("{#-") and "USER" in source  # it says what it does, in a comment
+    for name in DEFAULT_MODELS:
+        assert read_tokenizer_config(BUNDLED_DIR / name).chat_template == source  # what the loader picks up
+    assert ChatTemplate(source).render(ONE_TURN) == "USER.\nTo be\n\nQUILL.\n"

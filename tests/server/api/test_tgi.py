@@ -1,4 +1,4 @@
-"""The text-generation-inference dialect in process: /generate, /generate_stream and /, every bad input."""
+"""The text-generation-inference dialect in process: /generate, /generate_stream and /, every bad input; /info."""
 
 from __future__ import annotations
 
@@ -452,3 +452,14 @@ async def test_engine_failure_without_streaming_is_500(client, default_engine, m
     monkeypatch.setattr(default_engine, "submit", lambda *a, **k: scripted)
     message = assert_tgi_error(await generate(client, max_new_tokens=5), 500, "generation")
     assert "boom" in message
+
+
+async def test_info_describes_the_default_model_in_tgis_shape(client, tiny_checkpoints):
+    r = await client.get("/info")
+    assert r.status_code == 200
+    info = r.json()
+    assert info["model_id"] == tiny_checkpoints["tiny-transformer"] and info["model_sha"] is None  # a directory
+    assert (info["model_dtype"], info["model_device_type"]) == ("torch.float32", "cpu")
+    assert (info["max_total_tokens"], info["max_input_tokens"], info["max_input_length"]) == (64, 63, 63)
+    assert info["max_concurrent_requests"] == 16 + 32 and info["max_best_of"] == 16 and info["max_stop_sequences"] == 16
+    assert info["router"] == "quill" and info["version"] == "0.1.0"

@@ -14,11 +14,15 @@ from server.api.validation import (
     check_max_tokens,
     check_num_samples,
     check_stop,
+    check_top_k,
+    parse_logit_bias,
+    stop_strings,
 )
 from server.config import ServerConfig
 
 CONFIG = ServerConfig(max_tokens_limit=100, max_n=4, max_beam_width=3, max_stop_strings=2, max_stop_string_chars=5)
-HOSTED = SimpleNamespace(loaded=SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=50))))
+HOSTED = SimpleNamespace(loaded=SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=50)),
+                                               generation_defaults={}))
 
 
 def refusal(check, *args) -> APIError:
@@ -44,6 +48,16 @@ def test_stop_strings_are_bounded_in_number_and_length():
     for stop in (["abcdef"], [""]):
         error = refusal(check_stop, CONFIG, stop)
         assert error.param == "stop" and "1 to 5 characters" in error.message
+
+
+def test_openai_stop_logit_bias_and_top_k_forms():
+    assert stop_strings(CONFIG, "ab") == ["ab"] and stop_strings(CONFIG, None) == []
+    assert refusal(stop_strings, CONFIG, ["a", "b", "c"]).param == "stop"
+    assert parse_logit_bias({"7": -1.5}) == {7: -1.5} and parse_logit_bias({}) is None
+    assert refusal(parse_logit_bias, {"seven": 1.0}).param == "logit_bias"
+    check_top_k(-1)
+    check_top_k(None)
+    assert refusal(check_top_k, 0).param == "top_k"
 
 
 def test_sampling_settings_become_400_naming_the_setting():

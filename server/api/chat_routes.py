@@ -1,0 +1,249 @@
+"""OpenAI-compatible /v1/chat/completions, plain and streamed; the same route is TGI's Messages API.
+
+The messages become a prompt through the model's chat template (chat_prompt.py); the rest is a
+completion of that prompt: the same checks, defaults and engine as /v1/completions, answered in
+the chat shape (`message`, or `delta` chunks with the role first; logprobs as
+`logprobs.content[]`). huggingface_hub's InferenceClient, given a URL, sends the placeholder model
+name "dummy" (TGI's docs say "tgi"): TGI serves one model and ignores it, so here it means the
+default model, unless a hosted model has that name.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from server import __version__
+from server.config import ServerConfig
+from server.engine.async_engine import RequestStream
+from server.engine.outputs import CompletionOutput, TokenLogprob
+from server.hosting import HostedModel
+from server.sampling import SamplingParams
+from server.sampling.params import MAX_LOGPROBS
+
+from .chat_prompt import ChatPrompt, render_chat
+from .chat_schemas import ChatCompletionRequest
+from .engine_errors import checked
+from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
+from .generation import resolve_model, submit, until_disconnected
+from .sampling_defaults import default_max_tokens
+from .sse import SSE_HEADERS, sse_event
+from .tracking import RequestTracker
+from .validation import (
+    build_params,
+    check_beam_width,
+    check_context,
+    check_max_tokens,
+    check_num_samples,
+    check_top_k,
+    invalid,
+    parse_logit_bias,
+    stop_strings,
+)
+
+router = APIRouter()
+
+PLACEHOLDER_MODELS = ("tgi", "dummy")
+SYSTEM_FINGERPRINT = f"quill-{__version__}"  # TGI's clients require the field
+ROLE = "assistant"
+
+
+@dataclass
+class _Plan:
+    """A request that passed every check: what to submit, and how to answer it."""
+
+    hosted: HostedModel
+    prompt: ChatPrompt
+    params: SamplingParams
+    logprobs: bool
+    include_usage: bool
+    completion_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def envelope(self, obj: str) -> dict:
+        return {"id": self.completion_id, "object": obj, "created": self.created, "model": self.hosted.name,
+                "system_fingerprint": SYSTEM_FINGERPRINT}
+
+
+def _model_name(http: Request, name: str | None) -> str | None:
+    host = http.app.state.host
+    if name in PLACEHOLDER_MODELS and (host is None or name not in host.models):
+        return None
+    return name
+
+
+def _check_unsupported(request: ChatCompletionRequest) -> None:
+    """Features Quill does not have are refused by name, never accepted and ignored."""
+    if request.tools:
+        raise invalid("tools are not supported by this server; leave them out", "tools")
+    if request.tool_choice not in (None, "none", "auto"):  # "auto" with no tools is no tool use
+        raise invalid("tool_choice is not supported by this server; leave it out", "tool_choice")
+    if request.response_format is not None and request.response_format.get("type") != "text":
+        raise invalid("only response_format {\"type\": \"text\"} is supported", "response_format")
+
+
+def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: HostedModel) -> _Plan:
+    """Everything checked before anything is submitted (and so before the first byte of a stream)."""
+    _check_unsupported(request)
+    max_tokens, max_param = request.max_tokens, "max_tokens"
+    if request.max_completion_tokens is not None:
+        max_tokens, max_param = request.max_completion_tokens, "max_completion_tokens"
+    if max_tokens is not None:
+        check_max_tokens(config, max_tokens, max_param)
+    if request.use_beam_search:
+        check_beam_width(config, request.n, "n")
+        for name, clash in (("stop", bool(request.stop)), ("logprobs", request.logprobs)):
+            if clash:
+                raise invalid(f"{name} cannot be combined with beam search", name)
+    else:
+        check_num_samples(config, request.n, "n")
+    if request.top_logprobs is not None:
+        if not request.logprobs:
+            raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
+        if not 0 <= request.top_logprobs <= MAX_LOGPROBS:
+            raise invalid(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {request.top_logprobs}",
+                          "top_logprobs")
+    check_top_k(request.top_k)
+    stop = stop_strings(config, request.stop)
+    logit_bias = parse_logit_bias(request.logit_bias)
+    prompt = render_chat(hosted, request)
+    if max_tokens is None:
+        max_tokens = default_max_tokens(hosted, config, len(prompt.ids))
+    params = build_params(
+        hosted, n=request.n, max_tokens=max_tokens, min_tokens=request.min_tokens,
+        temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
+        repetition_penalty=request.repetition_penalty,
+        presence_penalty=request.presence_penalty or 0.0, frequency_penalty=request.frequency_penalty or 0.0,
+        logit_bias=logit_bias, seed=request.seed, stop=stop, stop_token_ids=request.stop_token_ids or [],
+        ignore_eos=request.ignore_eos,
+        logprobs=(request.top_logprobs or 0) if request.logprobs else None,
+        use_beam_search=request.use_beam_search, beam_width=request.n if request.use_beam_search else 1,
+        length_penalty=request.length_penalty, early_stopping=request.early_stopping,
+        skip_special_tokens=request.skip_special_tokens,
+    )
+    check_context(hosted, len(prompt.ids), max_tokens, param=max_param)  # after the settings, as for completions
+    include_usage = bool(request.stream_options and request.stream_options.include_usage)
+    return _Plan(hosted, prompt, params, request.logprobs, include_usage)
+
+
+class _Logprobs:
+    """OpenAI's chat logprobs: per token its text, log-probability, UTF-8 bytes and best alternatives."""
+
+    def __init__(self, hosted: HostedModel):
+        self.tokenizer = hosted.tokenizer
+
+    def entry(self, token_id: int, logprob: float) -> dict:
+        # A token's own text (special tokens shown); a byte-level piece of a character decodes to U+FFFD,
+        # and its bytes are those of that text, as vLLM reports them.
+        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def content(self, token_ids: list[int], entries: list[TokenLogprob] | None) -> list[dict]:
+        return [{**self.entry(t, e.logprob), "top_logprobs": [self.entry(a, lp) for a, lp in e.top]}
+                for t, e in zip(token_ids, entries or [])]
+
+
+@router.post("/v1/chat/completions", responses={**OPENAI_ERROR_RESPONSES, **JSON_OR_SSE_RESPONSE})
+async def create_chat_completion(request: ChatCompletionRequest, http: Request):
+    state = http.app.state
+    hosted = resolve_model(http, _model_name(http, request.model))
+    plan = _validate(request, state.config, hosted)
+    tracker = RequestTracker(state.metrics, hosted.name, plan.completion_id, len(plan.prompt.ids),
+                             plan.prompt.text if state.config.log_prompts else None)
+    stream = submit(hosted, plan.prompt.ids, plan.params, plan.completion_id)
+    if request.stream:
+        return StreamingResponse(_chunks(plan, stream, tracker), media_type="text/event-stream", headers=SSE_HEADERS)
+    return await until_disconnected(http, _complete(plan, stream, tracker))
+
+
+def _usage(plan: _Plan, num_generated: int) -> dict:
+    num_prompt = len(plan.prompt.ids)
+    return {"prompt_tokens": num_prompt, "completion_tokens": num_generated, "total_tokens": num_prompt + num_generated}
+
+
+@dataclass
+class _Choice:
+    """One generated message, accumulated from the engine's deltas."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def add(self, c: CompletionOutput) -> None:
+        if c.finish_reason in ("abort", "error"):
+            raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
+        self.text += c.text
+        self.token_ids += c.token_ids
+        self.logprobs += c.logprobs or []
+        self.finish_reason = c.finish_reason or self.finish_reason
+
+
+async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker) -> dict:
+    choices: dict[int, _Choice] = {}
+    try:
+        async for out in checked(tracker.follow(stream)):
+            for c in out.outputs:
+                choices.setdefault(c.index, _Choice()).add(c)
+    except APIError as e:
+        tracker.done(e.status)
+        raise
+    finally:
+        stream.close()
+    tracker.done(200)
+    logprobs = _Logprobs(plan.hosted)
+    return {
+        **plan.envelope("chat.completion"),
+        "choices": [
+            {"index": i, "message": {"role": ROLE, "content": c.text},
+             "logprobs": {"content": logprobs.content(c.token_ids, c.logprobs)} if plan.logprobs else None,
+             "finish_reason": c.finish_reason}
+            for i, c in sorted(choices.items())
+        ],
+        "usage": _usage(plan, sum(len(c.token_ids) for c in choices.values())),
+    }
+
+
+def _error_event(message: str) -> bytes:
+    # OpenAI's error object, plus TGI's error_type, which huggingface_hub reads from streamed errors.
+    return sse_event({"error": {"message": message, "type": "internal_error", "param": None, "code": None},
+                      "error_type": "generation"})
+
+
+async def _chunks(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
+    """A first chunk per choice with the role, then content deltas (with their logprobs), the finish
+    reason with the last; usage in a chunk of its own when asked; then [DONE]."""
+    logprobs = _Logprobs(plan.hosted)
+
+    def chunk(index: int, delta: dict, finish_reason: str | None = None, content_logprobs: list | None = None):
+        choice = {"index": index, "delta": delta,
+                  "logprobs": None if content_logprobs is None else {"content": content_logprobs},
+                  "finish_reason": finish_reason}
+        return sse_event({**plan.envelope("chat.completion.chunk"), "choices": [choice]})
+
+    status = 499  # until the stream ends normally: a client that leaves is logged as such
+    try:
+        for index in range(plan.params.n):
+            yield chunk(index, {"role": ROLE, "content": ""})
+        async for out in checked(tracker.follow(stream)):
+            for c in out.outputs:
+                if c.finish_reason in ("abort", "error"):
+                    raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
+                entries = logprobs.content(c.token_ids, c.logprobs) if plan.logprobs else None
+                if c.text or c.finish_reason or entries:
+                    yield chunk(c.index, {"content": c.text}, c.finish_reason, entries)
+        status = 200
+        if plan.include_usage:
+            yield sse_event({**plan.envelope("chat.completion.chunk"), "choices": [],
+                             "usage": _usage(plan, tracker.num_generated)})
+        yield sse_event("[DONE]")
+    except APIError as e:
+        status = e.status
+        yield _error_event(e.message)
+    finally:
+        tracker.done(status)
+        stream.close()

@@ -1,0 +1,76 @@
+"""OpenAI /v1/chat/completions request, with vLLM's extensions (pydantic: the HTTP edge only).
+
+The same body is TGI's Messages API (what huggingface_hub's InferenceClient.chat_completion sends).
+Messages are parsed loosely here (any role, any content part) and checked in chat_prompt.py, so a
+wrong role or an image part gets a message that says so rather than a schema error. A setting the
+client leaves out is None: the checkpoint's recommendation or Quill's default fills it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .openai_schemas import StreamOptions
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    # Extra keys (tool_call_id, reasoning_content, ...) reach the template as they are, as in transformers.
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatTemplateOptions(BaseModel):
+    """vLLM's settings of how messages become the prompt."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    messages: list[ChatMessage]
+    add_generation_prompt: bool | None = None  # None: true, unless continue_final_message
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(ChatTemplateOptions):
+    model: str | None = None
+    max_tokens: int | None = None  # None: what the context leaves, or the checkpoint's max_new_tokens
+    max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # Not supported: refused when given, never silently ignored.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    # vLLM's extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    use_beam_search: bool = False  # n is the beam width, and all n beams are answered
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
+    skip_special_tokens: bool = Field(default=True, description="drop special tokens from the text")
