@@ -35,10 +35,14 @@ class OutputProcessor:
         seq.text = text = seq.text + seq.decoder.push(token)
         decision = seq.stop.check(token, text, len(token_ids) - seq.num_prompt_tokens)
         if decision.finished:
-            if decision.trim:  # the stop string (or stop token's text) is not part of the output
-                seq.text = seq.text[: len(seq.text) - decision.trim]
-            elif decision.finish_reason == "length":  # a character cut in half by the limit still counts
+            if decision.finish_reason == "length":  # a character cut in half by the limit still counts
                 seq.text += seq.decoder.flush()
+            elif isinstance(seq.stop.stop_reason, str):  # a stop string: it and what follows are not output
+                seq.text = text[: len(text) - decision.trim]
+            else:  # EOS or a stop id: the text of the tokens before it, a character they left unfinished included
+                prompt = token_ids[: seq.num_prompt_tokens]
+                seq.text = self.tokenizer.decode_continuation(prompt, token_ids[seq.num_prompt_tokens : -1],
+                                                              seq.group.params.skip_special_tokens)
             seq.finish_reason = decision.finish_reason
 
     def collect(self, group: SequenceGroup) -> tuple[RequestOutput | None, list[Sequence]]:

@@ -65,3 +65,15 @@ def test_failed_request_reports_every_output(tiny_tokenizer):
     out = processor.failed(group, "boom")
     assert out.finished and out.error == "boom"
     assert [c.finish_reason for c in out.outputs] == ["error"] * 3
+
+
+def test_eos_after_half_a_character_keeps_what_decodes(tiny_tokenizer):
+    processor = OutputProcessor(tiny_tokenizer, [0])
+    group, seq = new_request(processor, tiny_tokenizer, "To be", max_tokens=50)
+    half = tiny_tokenizer.encode("é")[:1]  # byte-level: the first of the character's two bytes
+    for token in tiny_tokenizer.encode(" or") + half + [0]:
+        processor.append(seq, token, 0.0, None)
+    out, freed = processor.collect(group)
+    expected = tiny_tokenizer.decode_continuation(group.prompt_token_ids, seq.output_token_ids[:-1])
+    assert out.outputs[0].text == expected and expected.endswith("\ufffd")
+    assert out.outputs[0].finish_reason == "stop" and freed == [seq]
