@@ -38,6 +38,7 @@ class ServerConfig:
     drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
     enable_prefix_caching: bool = True
     log_prompts: bool = False  # request logs carry token counts only unless asked
+    threads: int | str | None = None  # torch CPU threads per model's steps; None: torch's; "auto": re-picked under load
 
     def __post_init__(self):
         if self.generation_config not in GENERATION_CONFIG_MODES:
@@ -119,8 +120,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     arg("--max-beam-width", int, d.max_beam_width, "largest beam width")
     arg("--max-tokens-limit", int, d.max_tokens_limit, "largest max_tokens a request may ask for")
     arg("--drain-seconds", float, d.drain_seconds, "on SIGTERM, time in-flight requests get to finish")
+    arg("--threads", _thread_count, d.threads, "torch CPU threads for each model's steps: a number, or 'auto' to "
+        "pick them from measured steps and re-pick when other work takes a core (default: torch's choice)")
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help="disable prefix caching")
     p.add_argument("--log-prompts", action="store_true", help="include prompt text in request logs")
+
+
+def _thread_count(value: str) -> int | str:
+    if value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number or 'auto', got {value!r}")
+    return int(value)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

@@ -103,8 +103,8 @@ class ModelHost:
         limit = loaded.max_seq_len or RECURRENT_MAX_MODEL_LEN
         max_model_len = min(limit, config.max_model_len) if config.max_model_len else limit
         template, no_chat_reason = chat_template_for(name, loaded, chat_template)
-        return HostedModel(name, loaded, AsyncEngine(loaded, engine_config, name=name), max_model_len, int(time.time()),
-                           template, no_chat_reason)
+        engine = AsyncEngine(loaded, engine_config, name=name, threads=config.threads)
+        return HostedModel(name, loaded, engine, max_model_len, int(time.time()), template, no_chat_reason)
 
     def start(self) -> None:
         for hosted in self.models.values():

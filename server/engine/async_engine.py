@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from models.checkpoint import LoadedModel
 
 from .core import EngineConfig, EngineCore
+from .cpu_threads import StepThreads
 from .outputs import CompletionOutput, RequestOutput
 from .scheduler import QueueFullError
 
@@ -28,9 +29,16 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncEngine:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, name: str | None = None):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, name: str | None = None,
+                 threads: int | str | None = None):
+        """`threads`: torch CPU threads for the steps: a number, "auto" (measured and re-picked as load
+        changes; a seeded request's log-probabilities may then differ in their last bits between thread
+        counts), or None (torch's choice)."""
         self.name = name or loaded.name
         self.core = EngineCore(loaded, config)
+        self.threads = None
+        if loaded.device.type == "cpu" and threads is not None:
+            self.threads = StepThreads(None if threads == "auto" else threads)
         self.config = self.core.config
         self._inbox: deque[tuple] = deque()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -151,7 +159,11 @@ class AsyncEngine:
                     self._wake.clear()
                     continue
                 try:
+                    if self.threads is not None:
+                        self.threads.before_step()
                     outputs = self.core.step()
+                    if self.threads is not None:
+                        self.threads.after_step(self.core.last_step)
                 except Exception as e:  # a fault in the model must not take the server down
                     log.exception("engine step failed")
                     self._fail_running(f"internal error while generating: {type(e).__name__}: {e}")

@@ -9,6 +9,7 @@ import pytest
 
 from server.engine.async_engine import AsyncEngine
 from server.engine.core import CacheConfig, EngineConfig
+from server.engine.cpu_threads import StepThreads
 from server.engine.scheduler import QueueFullError, SchedulerConfig
 from server.sampling import SamplingParams
 from tests.server.engine.test_engine import loaded_model
@@ -117,3 +118,19 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny_tokenizer
     assert failed[-1].outputs[0].finish_reason == "error"
     assert ok[-1].error is None and ok[-1].finished
     assert engine.core.cache.usage == 0 and engine.is_alive is False  # shut down now
+
+
+def test_steps_run_with_the_thread_count_asked_for(tiny_tokenizer):
+    import torch
+
+    own = torch.get_num_threads()
+    seen = []
+    engine = make_engine(tiny_tokenizer)
+    engine.threads = StepThreads(1)
+    engine.on_step = lambda core: seen.append(torch.get_num_threads())
+    try:
+        asyncio.run(collect(engine, [3, 4, 5], SamplingParams(max_tokens=3, temperature=0.0)))
+    finally:
+        engine.shutdown()
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == own  # the count is the engine thread's own: the caller's is unchanged
