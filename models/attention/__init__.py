@@ -1,6 +1,7 @@
 """Attention backends for paged K,V caches: a registry, and the choice made when a cache is allocated.
 
-"sdpa" gathers each sequence's blocks and runs PyTorch's SDPA (any device, and the reference). Models never
+"sdpa" gathers each sequence's blocks and runs PyTorch's SDPA (any device; the CPU default and the
+reference); "triton" reads the blocks in place with one kernel (the CUDA default). Models never
 look at the device: the cache carries the backend chosen for it, and each step builds it once.
 """
 
@@ -12,6 +13,7 @@ import torch
 
 from .backend import PagedAttentionBackend
 from .sdpa import SdpaPagedAttention
+from .triton_backend import TritonPagedAttention
 
 __all__ = ["ATTENTION_BACKENDS", "PagedAttentionBackend", "default_attention_backend", "select_attention_backend"]
 
@@ -19,8 +21,9 @@ log = logging.getLogger("quill.models")
 
 ATTENTION_BACKENDS: dict[str, type[PagedAttentionBackend]] = {
     "sdpa": SdpaPagedAttention,
+    "triton": TritonPagedAttention,
 }
-DEFAULTS_BY_DEVICE: dict[str, str] = {}  # device type -> backend; any other: "sdpa"
+DEFAULTS_BY_DEVICE = {"cuda": "triton"}  # any other device type: "sdpa"
 
 
 def default_attention_backend(device: torch.device) -> str:
