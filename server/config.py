@@ -6,6 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from models.attention import ATTENTION_BACKENDS
 from models.checkpoint import BUNDLED_DIR, GENERATION_CONFIG_MODES
 from models.location import is_hub_id
 
@@ -24,6 +25,7 @@ class ServerConfig:
     max_queue: int = 256
     cache_bytes: int = 256 * 2**20  # per model, for Transformer K,V
     block_size: int = 16
+    attention_backend: str = "auto"  # "auto": triton on CUDA, sdpa elsewhere (models.attention)
     max_model_len: int | None = None  # None: the model's context (Transformers), 4096 (recurrent, convolutional)
     generation_config: str = "auto"  # "auto": sampling defaults from the checkpoint's generation_config.json; "none"
     api_keys: list[str] = field(default_factory=list)
@@ -91,6 +93,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     arg("--max-queue", int, d.max_queue, "requests waiting per model before 429")
     arg("--cache-bytes", int, d.cache_bytes, "K,V cache reserved per Transformer model, in bytes")
     arg("--block-size", int, d.block_size, "tokens per cache block and prefix-cache granularity")
+    arg("--attention-backend", str, d.attention_backend,
+        "how Transformers read their paged K,V cache: auto (triton on CUDA, sdpa elsewhere), sdpa (gather + "
+        "PyTorch SDPA, any device) or triton (one kernel reading the blocks in place)",
+        choices=("auto", *ATTENTION_BACKENDS))
     arg("--max-model-len", int, d.max_model_len, "longest prompt + completion, in tokens")
     arg("--generation-config", str, d.generation_config,
         "auto: settings a request leaves out default to the checkpoint's generation_config.json "

@@ -44,7 +44,8 @@ class ModelHost:
             start = time.monotonic()
             log.info("loading model %d/%d: %s from %s", i, len(specs), name, path)
             loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name,
-                                     generation_config=config.generation_config)
+                                     generation_config=config.generation_config,
+                                     attention_backend=config.attention_backend)
             models[name] = cls._host(name, loaded, config)
             engine = models[name].engine
             log.info(

@@ -80,6 +80,15 @@ def test_generation_config_flag(monkeypatch):
         ServerConfig(generation_config="sometimes")
 
 
+def test_attention_backend_flag(monkeypatch):
+    assert parse().attention_backend == "auto"
+    assert parse("--attention-backend", "sdpa").attention_backend == "sdpa"
+    monkeypatch.setenv("QUILL_ATTENTION_BACKEND", "triton")
+    assert parse().attention_backend == "triton"
+    with pytest.raises(SystemExit):
+        parse("--attention-backend", "flash")
+
+
 def test_bare_hub_id_is_named_by_itself(tmp_path):
     config = ServerConfig(models=[LLAMA, str(tmp_path), "short=org/model"])
     assert config.model_specs() == [(LLAMA, LLAMA), (tmp_path.name, str(tmp_path)), ("short", "org/model")]

@@ -21,6 +21,16 @@ def test_auto_is_sdpa_on_the_cpu_and_caches_carry_their_backend():
     assert model.new_state(4, block_size=4).attention is SdpaPagedAttention
 
 
+def test_load_checkpoint_chooses_the_backend(tmp_path, tiny_tokenizer):
+    from models.checkpoint import load_checkpoint, save_checkpoint
+
+    arch, model = build_tiny_model("transformer-llama", tiny_tokenizer.vocab_size, device="cpu")
+    path = save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32)
+    assert load_checkpoint(path, device="cpu").model.attention_backend == "sdpa"
+    with pytest.raises(ValueError, match="not 'flash'"):
+        load_checkpoint(path, device="cpu", attention_backend="flash")
+
+
 def test_unknown_backend_is_refused_with_the_names_it_knows():
     with pytest.raises(ValueError, match="auto or one of sdpa, triton"):
         select_attention_backend("flash", "cpu")
