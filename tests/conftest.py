@@ -7,6 +7,7 @@ as CI runs). Triton kernels are tested on a GPU where there is one, else in the 
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import socket
@@ -97,6 +98,11 @@ def build_tiny_model(key: str, vocab_size: int = 300, seed: int = 0, device: tor
     return arch, model.to(device)
 
 
+def on_test_device(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` on TEST_DEVICE: a copy unless that is the CPU, so a session-wide reference model stays where it is."""
+    return module if TEST_DEVICE.type == "cpu" else copy.deepcopy(module).to(TEST_DEVICE)
+
+
 def build_scripted_transformer(vocab_size: int, cycle: list[int], seed: int = 0):
     """A Transformer whose greedy next token depends on the current token only: each id of `cycle` is
     followed by the next (the last by the first), any other id by itself. So a test knows the output
@@ -151,7 +157,7 @@ class LiveServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "quill.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                "--device", "cpu", "--dtype", "float32", "--cache-bytes", str(4 * 2**20), "--block-size", "4",
+                "--device", str(TEST_DEVICE), "--dtype", "float32", "--cache-bytes", str(4 * 2**20), "--block-size", "4",
                 "--max-tokens-limit", "256", "--drain-seconds", "5"]
         for name, path in tiny_checkpoints.items():
             args += ["--model", f"{name}={path}"]
