@@ -23,7 +23,8 @@ class ServerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_queue: int = 256
-    cache_bytes: int = 256 * 2**20  # per model, for Transformer K,V
+    cache_bytes: int | None = None  # per Transformer model; None: from gpu_memory_utilization on CUDA, else 256 MiB
+    gpu_memory_utilization: float = 0.9  # of the GPU's memory: weights, activations and K,V caches of all models
     block_size: int = 16
     attention_backend: str = "auto"  # "auto": triton on CUDA, sdpa elsewhere (models.attention)
     max_model_len: int | None = None  # None: the model's context (Transformers), 4096 (recurrent, convolutional)
@@ -41,6 +42,8 @@ class ServerConfig:
     log_prompts: bool = False  # request logs carry token counts only unless asked
 
     def __post_init__(self):
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], not {self.gpu_memory_utilization}")
         if self.generation_config not in GENERATION_CONFIG_MODES:
             modes, mode = GENERATION_CONFIG_MODES, self.generation_config
             raise ValueError(f"generation_config must be one of {modes}, not {mode!r}")
@@ -91,7 +94,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     arg("--max-num-seqs", int, d.max_num_seqs, "sequences running at once per model")
     arg("--max-num-batched-tokens", int, d.max_num_batched_tokens, "tokens computed per engine step")
     arg("--max-queue", int, d.max_queue, "requests waiting per model before 429")
-    arg("--cache-bytes", int, d.cache_bytes, "K,V cache reserved per Transformer model, in bytes")
+    arg("--cache-bytes", int, d.cache_bytes, "K,V cache reserved per Transformer model, in bytes (default: sized "
+        "from --gpu-memory-utilization on CUDA, 256 MiB elsewhere)")
+    arg("--gpu-memory-utilization", float, d.gpu_memory_utilization,
+        "on CUDA, the fraction of the GPU's memory the server may use for weights, activations and K,V caches, "
+        "shared equally by the hosted models; the caches take what a profiling step leaves (--cache-bytes wins)")
     arg("--block-size", int, d.block_size, "tokens per cache block and prefix-cache granularity")
     arg("--attention-backend", str, d.attention_backend,
         "how Transformers read their paged K,V cache: auto (triton on CUDA, sdpa elsewhere), sdpa (gather + "

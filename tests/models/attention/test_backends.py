@@ -54,7 +54,8 @@ STEPS = [
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
 # Llama (grouped-query heads, RoPE) in every dtype the kernel device runs; GPT-2 (learned positions,
 # biases) in float32. Few cases: on the CPU each launch runs in the interpreter.
-CASES = [("transformer-llama", torch.float32), ("transformer-llama", torch.float16), ("transformer-gpt2", torch.float32)]
+CASES = [("transformer-llama", torch.float32), ("transformer-llama", torch.float16),
+         ("transformer-gpt2", torch.float32)]
 if KERNEL_DEVICE.type == "cuda":
     CASES += [("transformer-llama", torch.bfloat16), ("transformer-gpt2", torch.bfloat16)]
 
