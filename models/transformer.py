@@ -184,18 +184,14 @@ class Attention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
 
-    def attend(self, q, k, v, mask=None, causal=False) -> torch.Tensor:
-        """q (B, Tq, H, hd), k/v (B, Tk, KVH, hd) -> (B, Tq, H * hd)."""
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            attn_mask=mask, is_causal=causal, enable_gqa=self.config.n_kv_heads != self.config.n_heads,
-        )
-        return out.transpose(1, 2).flatten(-2)
-
     def forward(self, x: torch.Tensor, rope) -> torch.Tensor:
         """Full causal attention over x (B, T, D), no cache."""
-        q, k, v = self.project(x, rope)
-        return self.out(self.attend(q, k, v, causal=True))
+        q, k, v = self.project(x, rope)  # (B, T, H or KVH, hd)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            is_causal=True, enable_gqa=self.config.n_kv_heads != self.config.n_heads,
+        )  # (B, H, T, hd)
+        return self.out(out.transpose(1, 2).flatten(-2))
 
     def step(self, x: torch.Tensor, rope, k_cache, v_cache, attention: PagedAttentionBackend) -> torch.Tensor:
         """x (T, D) packed new tokens; k_cache/v_cache (num_blocks, block_size, KVH, hd) of this layer."""
