@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from . import hf
+from .attention import select_attention_backend
 from .errors import CheckpointError, read_json_object
 from .generation_config import read_generation_config
 from .location import BUNDLED_DIR, locate
@@ -159,11 +160,15 @@ def load_checkpoint(
     dtype: str | torch.dtype = "auto",
     name: str | None = None,
     generation_config: str = "auto",
+    attention_backend: str = "auto",
 ) -> LoadedModel:
     """Load a checkpoint (directory, bundled model name or hub id) for inference (eval mode).
 
     `generation_config`: "auto" takes the checkpoint's sampling defaults from
     generation_config.json, "none" leaves them out; its end-of-sequence ids count either way.
+    `attention_backend`: how a Transformer's steps read its paged cache, a key of
+    models.attention.ATTENTION_BACKENDS or "auto" (the device's default); checked here, so a
+    backend that cannot run on the device fails the load.
     """
     if generation_config not in GENERATION_CONFIG_MODES:
         raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, not {generation_config!r}")
@@ -198,6 +203,8 @@ def load_checkpoint(
         weights = read_weights(tensors, sources, shapes, dtype, device, label=name)
     model.load_state_dict(weights, strict=True, assign=True)
     model.eval().requires_grad_(False)
+    if model.state_kind == "paged_kv":  # only models attending over a paged cache have a backend to choose
+        model.attention_backend = select_attention_backend(attention_backend, device).name
     return LoadedModel(
         name=name, path=path, architecture=architecture, model=model, tokenizer=tokenizer,
         eos_token_ids=eos_ids, device=device, dtype=dtype, metadata=metadata, model_id=location.model_id,

@@ -44,7 +44,9 @@ class ScriptedModel(nn.Module):
 
     @torch.inference_mode()
     def step(self, batch: StepBatch, state) -> torch.Tensor:
-        rows = batch.logits_indices if batch.logits_indices is not None else torch.arange(batch.num_tokens)
+        rows = batch.logits_indices
+        if rows is None:
+            rows = torch.arange(batch.num_tokens, device=batch.token_ids.device)
         tokens, positions = batch.token_ids[rows], batch.positions[rows]
         if self.logits_fn is not None:
             return self.logits_fn(tokens, positions).float()

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from .attention.backend import PagedAttentionBackend
+from .attention.sdpa import SdpaPagedAttention
+
 
 def _index(ids, device) -> torch.Tensor:
     return torch.as_tensor(ids, dtype=torch.long, device=device)
@@ -52,7 +55,9 @@ class PagedKVCache:
 
     kind = "paged_kv"
 
-    def __init__(self, n_layers, num_blocks, block_size, n_kv_heads, head_dim, dtype, device):
+    def __init__(self, n_layers, num_blocks, block_size, n_kv_heads, head_dim, dtype, device,
+                 attention: type[PagedAttentionBackend] = SdpaPagedAttention):
+        self.attention = attention  # how a step writes and reads these blocks (chosen for the device)
         shape = (n_layers, num_blocks, block_size, n_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

@@ -7,7 +7,8 @@ per-head RMSNorm of q and k (Qwen3), scaled embeddings and a (1 + w) RMSNorm (Ge
 
 State per sequence: K and V of every layer in fixed-size blocks of a `PagedKVCache`;
 a step writes the new tokens' K,V into their slots, then attends over the blocks
-listed in each sequence's block table.
+listed in each sequence's block table, through the attention backend the cache was
+allocated with (models/attention: gather + SDPA, or a Triton kernel reading blocks in place).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import PagedAttentionBackend, select_attention_backend
 from .batch import StepBatch
 from .state import PagedKVCache
 
@@ -182,27 +184,19 @@ class Attention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
 
-    def attend(self, q, k, v, mask=None, causal=False) -> torch.Tensor:
-        """q (B, Tq, H, hd), k/v (B, Tk, KVH, hd) -> (B, Tq, H * hd)."""
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            attn_mask=mask, is_causal=causal, enable_gqa=self.config.n_kv_heads != self.config.n_heads,
-        )
-        return out.transpose(1, 2).flatten(-2)
-
     def forward(self, x: torch.Tensor, rope) -> torch.Tensor:
         """Full causal attention over x (B, T, D), no cache."""
-        q, k, v = self.project(x, rope)
-        return self.out(self.attend(q, k, v, causal=True))
+        q, k, v = self.project(x, rope)  # (B, T, H or KVH, hd)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            is_causal=True, enable_gqa=self.config.n_kv_heads != self.config.n_heads,
+        )  # (B, H, T, hd)
+        return self.out(out.transpose(1, 2).flatten(-2))
 
-    def step(self, x: torch.Tensor, rope, k_cache, v_cache, meta: "PagedAttention") -> torch.Tensor:
+    def step(self, x: torch.Tensor, rope, k_cache, v_cache, attention: PagedAttentionBackend) -> torch.Tensor:
         """x (T, D) packed new tokens; k_cache/v_cache (num_blocks, block_size, KVH, hd) of this layer."""
         q, k, v = self.project(x, rope)
-        k_cache.view(-1, *k.shape[1:])[meta.slot_mapping] = k
-        v_cache.view(-1, *v.shape[1:])[meta.slot_mapping] = v
-        keys, values = meta.gather(k_cache, v_cache)  # (B, max_blocks * block_size, KVH, hd) each
-        out = self.attend(meta.batch.pad(q), keys, values, mask=meta.mask)
-        return self.out(meta.batch.unpad(out))
+        return self.out(attention.forward(q, k, v, k_cache, v_cache))  # the backend writes k, v into the cache
 
 
 class MLP(nn.Module):
@@ -235,49 +229,9 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(self.attn_norm(x), rope))
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
-    def step(self, x, rope, k_cache, v_cache, meta):
-        x = x + self.attn.step(self.attn_norm(x), rope, k_cache, v_cache, meta)
+    def step(self, x, rope, k_cache, v_cache, attention):
+        x = x + self.attn.step(self.attn_norm(x), rope, k_cache, v_cache, attention)
         return x + self.mlp(self.mlp_norm(x))
-
-
-@dataclass
-class PagedAttention:
-    """What every layer of one step needs to read and write the paged cache; built once per step."""
-
-    batch: StepBatch
-    slot_mapping: torch.Tensor  # (T,) flat cache slot of each new token
-    block_tables: torch.Tensor  # (B, max_blocks)
-    mask: torch.Tensor  # (B, 1, max_query_len, max_blocks * block_size): key visible to query
-    _buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def gather(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each sequence's keys and values, copied out of its blocks into buffers reused by every layer
-        (one allocation per step instead of two per layer: fresh large tensors cost page faults)."""
-        flat = self.block_tables.flatten()
-        if self._buffers is None:
-            shape = (flat.numel(), *k_cache.shape[1:])
-            self._buffers = (k_cache.new_empty(shape), v_cache.new_empty(shape))
-        keys, values = self._buffers
-        torch.index_select(k_cache, 0, flat, out=keys)
-        torch.index_select(v_cache, 0, flat, out=values)
-        batch = self.block_tables.shape[0]
-        return keys.view(batch, -1, *k_cache.shape[2:]), values.view(batch, -1, *v_cache.shape[2:])
-
-    @classmethod
-    def build(cls, batch: StepBatch, block_size: int) -> "PagedAttention":
-        tables = batch.block_tables
-        seq_of_token = torch.repeat_interleave(
-            torch.arange(batch.num_seqs, device=tables.device),
-            torch.tensor(batch.query_lens, device=tables.device),
-            output_size=batch.num_tokens,  # known on the host: no device-to-host sync to size the output
-        )
-        pos = batch.positions
-        slot_mapping = tables[seq_of_token, pos // block_size] * block_size + pos % block_size
-        # Padded query rows get position 0, so they see key 0 only and never an empty row.
-        query_pos = batch.pad(pos)  # (B, Q)
-        key_pos = torch.arange(tables.shape[1] * block_size, device=tables.device)
-        mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
-        return cls(batch, slot_mapping, tables, mask)
 
 
 class TransformerLanguageModel(nn.Module):
@@ -292,6 +246,9 @@ class TransformerLanguageModel(nn.Module):
         self.norm = make_norm(config)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.drop = nn.Dropout(config.dropout)
+        # How steps read the paged cache: a key of models.attention.ATTENTION_BACKENDS, or "auto" for the
+        # default of the device the cache is allocated on. Resolved by new_state, carried by the cache.
+        self.attention_backend = "auto"
 
     def init_weights(self) -> None:
         """GPT-2 style initialisation for training from scratch (residual outputs scaled by depth)."""
@@ -325,18 +282,22 @@ class TransformerLanguageModel(nn.Module):
             x = layer(x, rope)
         return self._logits(x)
 
-    def new_state(self, num_blocks: int, block_size: int = 16, dtype: torch.dtype | None = None) -> PagedKVCache:
+    def new_state(self, num_blocks: int, block_size: int = 16, dtype: torch.dtype | None = None,
+                  attention_backend: str | None = None) -> PagedKVCache:
+        """A cache on the model's device, read by `attention_backend` (None: the model's `attention_backend`)."""
         c = self.config
         like = self.embed.weight
-        return PagedKVCache(c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim, dtype or like.dtype, like.device)
+        backend = select_attention_backend(attention_backend or self.attention_backend, like.device)
+        return PagedKVCache(c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim, dtype or like.dtype,
+                            like.device, attention=backend)
 
     @torch.inference_mode()
     def step(self, batch: StepBatch, state: PagedKVCache) -> torch.Tensor:
         """Run the new tokens of each sequence against its cached K,V; write their K,V in place."""
-        meta = PagedAttention.build(batch, state.block_size)
+        attention = state.attention.build(batch, state.block_size)  # once per step, shared by the layers
         x, rope = self._embed(batch.token_ids, batch.positions)
         for i, layer in enumerate(self.layers):
-            x = layer.step(x, rope, state.k[i], state.v[i], meta)
+            x = layer.step(x, rope, state.k[i], state.v[i], attention)
         if batch.logits_indices is not None:
             x = x[batch.logits_indices]
         return self._logits(x)

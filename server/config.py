@@ -6,6 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from models.attention import ATTENTION_BACKENDS
 from models.checkpoint import BUNDLED_DIR, GENERATION_CONFIG_MODES
 from models.location import is_hub_id
 
@@ -22,8 +23,10 @@ class ServerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_queue: int = 256
-    cache_bytes: int = 256 * 2**20  # per model, for Transformer K,V
+    cache_bytes: int | None = None  # per Transformer model; None: from gpu_memory_utilization on CUDA, else 256 MiB
+    gpu_memory_utilization: float = 0.9  # of the GPU's memory: weights, activations and K,V caches of all models
     block_size: int = 16
+    attention_backend: str = "auto"  # "auto": triton on CUDA, sdpa elsewhere (models.attention)
     max_model_len: int | None = None  # None: the model's context (Transformers), 4096 (recurrent, convolutional)
     generation_config: str = "auto"  # "auto": sampling defaults from the checkpoint's generation_config.json; "none"
     chat_templates: list[str] = field(default_factory=list)  # [NAME=]FILE: a Jinja chat template for NAME (or all)
@@ -41,6 +44,8 @@ class ServerConfig:
     threads: int | str | None = None  # torch CPU threads per model's steps; None: torch's; "auto": re-picked under load
 
     def __post_init__(self):
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], not {self.gpu_memory_utilization}")
         if self.generation_config not in GENERATION_CONFIG_MODES:
             modes, mode = GENERATION_CONFIG_MODES, self.generation_config
             raise ValueError(f"generation_config must be one of {modes}, not {mode!r}")
@@ -103,8 +108,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     arg("--max-num-seqs", int, d.max_num_seqs, "sequences running at once per model")
     arg("--max-num-batched-tokens", int, d.max_num_batched_tokens, "tokens computed per engine step")
     arg("--max-queue", int, d.max_queue, "requests waiting per model before 429")
-    arg("--cache-bytes", int, d.cache_bytes, "K,V cache reserved per Transformer model, in bytes")
+    arg("--cache-bytes", int, d.cache_bytes, "K,V cache reserved per Transformer model, in bytes (default: sized "
+        "from --gpu-memory-utilization on CUDA, 256 MiB elsewhere)")
+    arg("--gpu-memory-utilization", float, d.gpu_memory_utilization,
+        "on CUDA, the fraction of the GPU's memory the server may use for weights, activations and K,V caches, "
+        "shared equally by the hosted models; the caches take what a profiling step leaves (--cache-bytes wins)")
     arg("--block-size", int, d.block_size, "tokens per cache block and prefix-cache granularity")
+    arg("--attention-backend", str, d.attention_backend,
+        "how Transformers read their paged K,V cache: auto (triton on CUDA, sdpa elsewhere), sdpa (gather + "
+        "PyTorch SDPA, any device) or triton (one kernel reading the blocks in place)",
+        choices=("auto", *ATTENTION_BACKENDS))
     arg("--max-model-len", int, d.max_model_len, "longest prompt + completion, in tokens")
     arg("--generation-config", str, d.generation_config,
         "auto: settings a request leaves out default to the checkpoint's generation_config.json "

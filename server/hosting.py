@@ -61,6 +61,14 @@ def chat_template_for(name: str, loaded: LoadedModel, source: str | None) -> tup
         return None, f"the chat template of {name!r} cannot be used ({e}); give another with --chat-template FILE"
 
 
+def _cache_holds(state) -> str:
+    """What a model's cache holds, for the startup log."""
+    if state.kind != "paged_kv":
+        return f"{state.num_slots} state slots"
+    return (f"{state.num_blocks * state.block_size} tokens of K,V in blocks of {state.block_size}, "
+            f"attention {state.attention.name}")
+
+
 class ModelHost:
     def __init__(self, models: dict[str, HostedModel]):
         self.models = models
@@ -79,13 +87,14 @@ class ModelHost:
             start = time.monotonic()
             log.info("loading model %d/%d: %s from %s", i, len(specs), name, path)
             loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name,
-                                     generation_config=config.generation_config)
-            models[name] = cls._host(name, loaded, config, templates.get(name, templates.get(None)))
+                                     generation_config=config.generation_config,
+                                     attention_backend=config.attention_backend)
+            models[name] = cls._host(name, loaded, config, len(specs), templates.get(name, templates.get(None)))
             engine = models[name].engine
             log.info(
                 "loaded %s: %s, %.1fM parameters, %s on %s, %.1f MiB cache reserved (%s), max_model_len %d, in %.1fs",
                 name, loaded.architecture, loaded.num_parameters / 1e6, str(loaded.dtype).removeprefix("torch."),
-                loaded.device, engine.core.cache_bytes / 2**20, loaded.model.state_kind,
+                loaded.device, engine.core.cache_bytes / 2**20, _cache_holds(engine.core.state),
                 models[name].max_model_len, time.monotonic() - start,
             )
             if loaded.generation_defaults:
@@ -94,10 +103,13 @@ class ModelHost:
         return cls(models)
 
     @staticmethod
-    def _host(name: str, loaded: LoadedModel, config: ServerConfig, chat_template: str | None = None) -> HostedModel:
+    def _host(name: str, loaded: LoadedModel, config: ServerConfig, num_models: int,
+              chat_template: str | None = None) -> HostedModel:
         engine_config = EngineConfig(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.max_queue),
             CacheConfig(block_size=config.block_size, cache_bytes=config.cache_bytes,
+                        # Models on one GPU share the fraction equally: each engine sizes its cache alone.
+                        gpu_memory_utilization=config.gpu_memory_utilization / num_models,
                         enable_prefix_caching=config.enable_prefix_caching),
         )
         limit = loaded.max_seq_len or RECURRENT_MAX_MODEL_LEN

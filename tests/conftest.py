@@ -1,7 +1,13 @@
-"""Shared fixtures: tiny tokenizers (byte-level, Metaspace), tiny random and scripted models, a live server."""
+"""Shared fixtures: tiny tokenizers (byte-level, Metaspace), tiny random and scripted models, a live server.
+
+`QUILL_TEST_DEVICE=cuda make test` runs the model, engine, sampling and API tests on CUDA: everything
+that builds a model, an engine or a server takes its device from `TEST_DEVICE` (the CPU by default,
+as CI runs). Triton kernels are tested on a GPU where there is one, else in the Triton interpreter.
+"""
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import socket
@@ -18,6 +24,12 @@ from clients.ready import wait_until_ready
 from models.checkpoint import save_checkpoint
 from models.registry import ARCHITECTURES
 from models.tokenizer import Tokenizer
+
+TEST_DEVICE = torch.device(os.environ.get("QUILL_TEST_DEVICE", "cpu"))
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if KERNEL_DEVICE.type == "cpu":
+    # Read by triton.jit when a kernel module is imported, which happens only once a test runs a kernel.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TEXT = [
     "To be, or not to be, that is the question:",
@@ -77,12 +89,18 @@ def metaspace_tokenizer() -> Tokenizer:
     return Tokenizer(build_metaspace_tokenizer(), eos_token_id=METASPACE_SPECIALS.index("</s>"))
 
 
-def build_tiny_model(key: str, vocab_size: int = 300, seed: int = 0):
+def build_tiny_model(key: str, vocab_size: int = 300, seed: int = 0, device: torch.device | str = TEST_DEVICE):
+    """Random weights from `seed` (the same on every device: made on the CPU, then moved)."""
     arch, kwargs = TINY_CONFIGS[key]
     config_cls, model_cls = ARCHITECTURES[arch]
     torch.manual_seed(seed)
     model = model_cls(config_cls(vocab_size=vocab_size, **kwargs)).eval()
-    return arch, model
+    return arch, model.to(device)
+
+
+def on_test_device(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` on TEST_DEVICE: a copy unless that is the CPU, so a session-wide reference model stays where it is."""
+    return module if TEST_DEVICE.type == "cpu" else copy.deepcopy(module).to(TEST_DEVICE)
 
 
 def build_scripted_transformer(vocab_size: int, cycle: list[int], seed: int = 0):
@@ -139,7 +157,7 @@ class LiveServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "quill.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                "--device", "cpu", "--dtype", "float32", "--cache-bytes", str(4 * 2**20), "--block-size", "4",
+                "--device", str(TEST_DEVICE), "--dtype", "float32", "--cache-bytes", str(4 * 2**20), "--block-size", "4",
                 "--max-tokens-limit", "256", "--drain-seconds", "5"]
         for name, path in tiny_checkpoints.items():
             args += ["--model", f"{name}={path}"]

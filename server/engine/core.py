@@ -16,6 +16,7 @@ from server.sampling import SamplingParams, new_generator
 
 from .beam_search import BeamSearch
 from .kv_blocks import KVBlockManager
+from .memory import choose_cache_bytes
 from .output_processor import OutputProcessor
 from .outputs import RequestOutput
 from .runner import ModelRunner, StepResult
@@ -27,14 +28,17 @@ from .state_slots import StateSlotManager
 @dataclass
 class CacheConfig:
     block_size: int = 16  # tokens per K,V block, and the prefix-snapshot interval of fixed-size states
-    cache_bytes: int = 256 * 2**20  # K,V cache reserved up front (Transformers)
+    cache_bytes: int | None = None  # K,V cache reserved up front (Transformers); None: see memory.py
+    gpu_memory_utilization: float = 0.9  # on CUDA without cache_bytes: this engine's share of the GPU's memory
     num_blocks: int | None = None  # overrides cache_bytes
     snapshots_per_seq: int = 2  # spare state slots per sequence slot for prefix snapshots (LSTM, GCNN)
     enable_prefix_caching: bool = True
 
     def __post_init__(self):
-        if self.block_size < 1 or self.cache_bytes < 1 or (self.num_blocks is not None and self.num_blocks < 1):
+        if self.block_size < 1 or any(n is not None and n < 1 for n in (self.cache_bytes, self.num_blocks)):
             raise ValueError("block_size, cache_bytes and num_blocks must be positive")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], not {self.gpu_memory_utilization}")
 
 
 @dataclass
@@ -58,7 +62,10 @@ class EngineCore:
         model, cache_cfg, sched_cfg = loaded.model, self.config.cache, self.config.scheduler
         if model.state_kind == "paged_kv":
             probe = model.new_state(1, block_size=cache_cfg.block_size)
-            num_blocks = cache_cfg.num_blocks or max(1, cache_cfg.cache_bytes // probe.bytes_per_block)
+            num_blocks = cache_cfg.num_blocks or max(1, choose_cache_bytes(
+                model, cache_cfg.cache_bytes, cache_cfg.gpu_memory_utilization, cache_cfg.block_size,
+                sched_cfg.max_num_batched_tokens, max_model_len or loaded.max_seq_len,
+            ) // probe.bytes_per_block)
             self.state = model.new_state(num_blocks, block_size=cache_cfg.block_size)
             self.cache = KVBlockManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
         else:

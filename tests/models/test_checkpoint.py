@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.tokenizer import Tokenizer
-from tests.conftest import TINY_CONFIGS, build_hf_tokenizer, build_tiny_model
+from tests.conftest import TEST_DEVICE, TINY_CONFIGS, build_hf_tokenizer, build_tiny_model
 
 V = 300
 
@@ -24,8 +24,8 @@ def write_checkpoint(directory, key="transformer-llama", dtype=torch.float32):
 @pytest.mark.parametrize("key", list(TINY_CONFIGS))
 def test_round_trip_gives_the_same_logits(tmp_path, key):
     model = write_checkpoint(tmp_path, key)
-    loaded = load_checkpoint(tmp_path, device="cpu", dtype="float32")
-    tokens = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    loaded = load_checkpoint(tmp_path, device=TEST_DEVICE, dtype="float32")
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6]], device=TEST_DEVICE)
     torch.testing.assert_close(loaded.model(tokens), model(tokens), atol=0, rtol=0)
     assert loaded.tokenizer.eos_token_id == 0 and loaded.eos_token_ids == [0]
     assert not any(p.requires_grad for p in loaded.model.parameters())

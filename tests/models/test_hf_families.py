@@ -13,6 +13,7 @@ from models import hf
 from models.batch import StepBatch
 from models.checkpoint import load_checkpoint
 from models.hf_families import FAMILIES
+from tests.conftest import TEST_DEVICE, on_test_device
 from tests.hub_checkpoints import BUILDERS, V
 
 HUB_IDS = list(BUILDERS)
@@ -21,12 +22,12 @@ HUB_IDS = list(BUILDERS)
 @pytest.fixture(params=HUB_IDS, ids=lambda i: i.split("/")[1])
 def pair(request, offline_hub):
     checkpoint = offline_hub[request.param]
-    return checkpoint.reference, load_checkpoint(request.param, device="cpu", dtype="float32")
+    return on_test_device(checkpoint.reference), load_checkpoint(request.param, device=TEST_DEVICE, dtype="float32")
 
 
 def test_full_forward_matches_transformers(pair):
     reference, loaded = pair
-    tokens = torch.randint(0, V, (3, 40), generator=torch.Generator().manual_seed(2))
+    tokens = torch.randint(0, V, (3, 40), generator=torch.Generator().manual_seed(2)).to(TEST_DEVICE)
     with torch.no_grad():
         expected = reference(tokens).logits
     got = loaded.model(tokens)
@@ -36,14 +37,16 @@ def test_full_forward_matches_transformers(pair):
 
 def test_incremental_decoding_matches_transformers(pair):
     reference, loaded = pair
-    tokens = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(3))
+    tokens = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(3)).to(TEST_DEVICE)
     with torch.no_grad():
         expected = reference(tokens).logits[0]
     cache = loaded.model.new_state(16, block_size=4)
     ids, table = tokens[0].tolist(), [list(range(10))]
-    outs = [loaded.model.step(StepBatch.build([ids[:25]], [0], block_tables=table, logits="all"), cache)]
+    outs = [loaded.model.step(StepBatch.build([ids[:25]], [0], block_tables=table, logits="all", device=TEST_DEVICE),
+                              cache)]
     for pos in range(25, 40):
-        outs.append(loaded.model.step(StepBatch.build([[ids[pos]]], [pos], block_tables=table), cache))
+        outs.append(loaded.model.step(StepBatch.build([[ids[pos]]], [pos], block_tables=table, device=TEST_DEVICE),
+                                      cache))
     torch.testing.assert_close(torch.cat(outs), expected, atol=1e-4, rtol=0)
 
 
@@ -51,12 +54,13 @@ def quill_greedy(loaded, prompt: list[int], steps: int) -> list[int]:
     """Greedy decoding through the paged K,V cache: prefill, then one token per step."""
     cache = loaded.model.new_state(16, block_size=4)
     table = [list(range(16))]
-    logits = loaded.model.step(StepBatch.build([prompt], [0], block_tables=table), cache)
+    logits = loaded.model.step(StepBatch.build([prompt], [0], block_tables=table, device=TEST_DEVICE), cache)
     out = []
     for _ in range(steps):
         out.append(int(logits[-1].argmax()))
         position = len(prompt) + len(out) - 1
-        logits = loaded.model.step(StepBatch.build([[out[-1]]], [position], block_tables=table), cache)
+        logits = loaded.model.step(StepBatch.build([[out[-1]]], [position], block_tables=table, device=TEST_DEVICE),
+                                   cache)
     return out
 
 
@@ -64,7 +68,7 @@ def test_greedy_generation_matches_transformers(pair):
     reference, loaded = pair
     prompt = torch.randint(0, V, (9,), generator=torch.Generator().manual_seed(4)).tolist()
     steps = 30  # within every checkpoint's context, Mistral's 48-token window included
-    expected = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=steps, eos_token_id=None,
+    expected = reference.generate(torch.tensor([prompt], device=TEST_DEVICE), do_sample=False, max_new_tokens=steps, eos_token_id=None,
                                   pad_token_id=0)[0, len(prompt):].tolist()
     assert len(expected) == steps and len(set(expected)) > 3  # not stopped early, not one token repeated
     assert quill_greedy(loaded, prompt, steps) == expected
@@ -74,12 +78,12 @@ def test_greedy_generation_matches_transformers(pair):
 def test_bfloat16_is_as_close_to_transformers_as_rounding_allows(offline_hub, hub_id):
     """In bfloat16 both implementations round differently; ours may not stray further from
     transformers' bfloat16 logits than those stray from float32 ones."""
-    reference = offline_hub[hub_id].reference
-    tokens = torch.randint(0, V, (2, 30), generator=torch.Generator().manual_seed(5))
+    reference = on_test_device(offline_hub[hub_id].reference)
+    tokens = torch.randint(0, V, (2, 30), generator=torch.Generator().manual_seed(5)).to(TEST_DEVICE)
     with torch.no_grad():
         full = reference(tokens).logits
         half = copy.deepcopy(reference).to(torch.bfloat16)(tokens).logits.float()
-    ours = load_checkpoint(hub_id, device="cpu", dtype="bfloat16").model(tokens)
+    ours = load_checkpoint(hub_id, device=TEST_DEVICE, dtype="bfloat16").model(tokens)
     rounding = (half - full).abs().max()
     assert (ours - half).abs().max() <= 1.5 * rounding
     assert (ours - full).abs().max() <= 1.5 * rounding

@@ -9,7 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 from models.batch import StepBatch
 from models.checkpoint import load_checkpoint
-from tests.conftest import build_hf_tokenizer
+from tests.conftest import TEST_DEVICE, build_hf_tokenizer
 
 V = 300
 
@@ -51,12 +51,12 @@ def save_hf(case: str, directory) -> torch.nn.Module:
 @pytest.fixture(params=list(HF_CASES))
 def hf_pair(request, tmp_path):
     reference = save_hf(request.param, tmp_path)
-    return reference, load_checkpoint(tmp_path, device="cpu", dtype="float32")
+    return reference.to(TEST_DEVICE), load_checkpoint(tmp_path, device=TEST_DEVICE, dtype="float32")
 
 
 def test_full_forward_matches_transformers(hf_pair):
     reference, loaded = hf_pair
-    tokens = torch.randint(0, V, (3, 50), generator=torch.Generator().manual_seed(2))
+    tokens = torch.randint(0, V, (3, 50), generator=torch.Generator().manual_seed(2)).to(TEST_DEVICE)
     with torch.no_grad():
         expected = reference(tokens).logits
     got = loaded.model(tokens)
@@ -66,14 +66,15 @@ def test_full_forward_matches_transformers(hf_pair):
 
 def test_incremental_decoding_matches_transformers(hf_pair):
     reference, loaded = hf_pair
-    tokens = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(3))
+    tokens = torch.randint(0, V, (1, 40), generator=torch.Generator().manual_seed(3)).to(TEST_DEVICE)
     with torch.no_grad():
         expected = reference(tokens).logits[0]
     cache = loaded.model.new_state(16, block_size=4)
     ids = tokens[0].tolist()
-    outs = [loaded.model.step(StepBatch.build([ids[:25]], [0], block_tables=[list(range(10))], logits="all"), cache)]
+    table, on = [list(range(10))], dict(device=TEST_DEVICE)
+    outs = [loaded.model.step(StepBatch.build([ids[:25]], [0], block_tables=table, logits="all", **on), cache)]
     for pos in range(25, 40):
-        outs.append(loaded.model.step(StepBatch.build([[ids[pos]]], [pos], block_tables=[list(range(10))]), cache))
+        outs.append(loaded.model.step(StepBatch.build([[ids[pos]]], [pos], block_tables=table, **on), cache))
     torch.testing.assert_close(torch.cat(outs), expected, atol=1e-4, rtol=0)
 
 
@@ -88,8 +89,8 @@ def test_config_mapping_reads_end_of_sequence_ids(tmp_path):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_loads_close_to_float32(tmp_path, dtype):
     save_hf("llama-gqa", tmp_path)
-    tokens = torch.randint(0, V, (1, 20), generator=torch.Generator().manual_seed(4))
-    full = load_checkpoint(tmp_path, device="cpu", dtype="float32").model(tokens)
-    half = load_checkpoint(tmp_path, device="cpu", dtype=dtype)
+    tokens = torch.randint(0, V, (1, 20), generator=torch.Generator().manual_seed(4)).to(TEST_DEVICE)
+    full = load_checkpoint(tmp_path, device=TEST_DEVICE, dtype="float32").model(tokens)
+    half = load_checkpoint(tmp_path, device=TEST_DEVICE, dtype=dtype)
     assert half.model.embed.weight.dtype == getattr(torch, dtype)
     torch.testing.assert_close(half.model(tokens), full, atol=0.1, rtol=0.05)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models.batch import StepBatch
-from tests.conftest import TINY_CONFIGS, build_tiny_model
+from tests.conftest import TEST_DEVICE, TINY_CONFIGS, build_tiny_model
 
 BLOCK_SIZE = 4
 V = 300
@@ -30,7 +30,8 @@ class Cache:
         where = (
             dict(block_tables=[self.tables[i] for i in seq_ids]) if self.paged else dict(slots=seq_ids)
         )
-        batch = StepBatch.build(new_tokens, [self.lengths[i] for i in seq_ids], logits=logits, **where)
+        batch = StepBatch.build(new_tokens, [self.lengths[i] for i in seq_ids], logits=logits, device=TEST_DEVICE,
+                                **where)
         out = self.model.step(batch, self.state)
         for i, toks in zip(seq_ids, new_tokens):
             self.lengths[i] += len(toks)
@@ -39,7 +40,7 @@ class Cache:
 
 
 def full_logits(model, tokens: list[int]) -> torch.Tensor:
-    return model(torch.tensor([tokens]))[0]
+    return model(torch.tensor([tokens], device=TEST_DEVICE))[0]
 
 
 @pytest.mark.parametrize("key", list(TINY_CONFIGS))

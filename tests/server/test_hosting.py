@@ -16,7 +16,7 @@ from models.location import BUNDLED_DIR
 from models.tokenizer_config import read_tokenizer_config
 from server.config import DEFAULT_MODELS, ServerConfig, add_serve_arguments, config_from_args
 from server.hosting import ModelHost
-from tests.conftest import LiveServer
+from tests.conftest import TEST_DEVICE, LiveServer
 from tests.hub_checkpoints import CHAT_MIN_TOKENS, CHAT_PROMPT
 
 LLAMA, MISTRAL = "quill-test/tiny-llama-chat", "quill-test/tiny-mistral"
@@ -68,6 +68,16 @@ def test_load_log_names_the_generation_defaults(hub_server):
     assert logged in hub_server.output()
 
 
+def test_load_log_says_how_many_tokens_the_cache_holds(hub_server, offline_hub):
+    from models.checkpoint import load_checkpoint
+
+    config = load_checkpoint(LLAMA, device="cpu").model.config
+    per_token = 2 * config.n_layers * config.n_kv_heads * config.head_dim * 4  # K and V in float32
+    backend = "triton" if TEST_DEVICE.type == "cuda" else "sdpa"
+    # LiveServer reserves 4 MiB per model.
+    assert f"({4 * 2**20 // per_token} tokens of K,V in blocks of 4, attention {backend})" in hub_server.output()
+
+
 def parse(*argv: str) -> ServerConfig:
     import argparse
 
@@ -85,6 +95,24 @@ def test_generation_config_flag(monkeypatch):
         parse("--generation-config", "vllm")
     with pytest.raises(ValueError, match="generation_config must be one of"):
         ServerConfig(generation_config="sometimes")
+
+
+def test_attention_backend_flag(monkeypatch):
+    assert parse().attention_backend == "auto"
+    assert parse("--attention-backend", "sdpa").attention_backend == "sdpa"
+    monkeypatch.setenv("QUILL_ATTENTION_BACKEND", "triton")
+    assert parse().attention_backend == "triton"
+    with pytest.raises(SystemExit):
+        parse("--attention-backend", "flash")
+
+
+def test_cache_size_flags(monkeypatch):
+    assert (parse().cache_bytes, parse().gpu_memory_utilization) == (None, 0.9)  # sized from the GPU, or 256 MiB
+    assert parse("--cache-bytes", "1024", "--gpu-memory-utilization", "0.5").cache_bytes == 1024
+    monkeypatch.setenv("QUILL_GPU_MEMORY_UTILIZATION", "0.75")
+    assert parse().gpu_memory_utilization == 0.75
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        ServerConfig(gpu_memory_utilization=1.2)
 
 
 def test_bare_hub_id_is_named_by_itself(tmp_path):

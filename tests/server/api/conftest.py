@@ -8,12 +8,12 @@ import pytest
 from server.api.app import create_app
 from server.config import ServerConfig
 from server.hosting import ModelHost
-from tests.conftest import TINY, LiveServer  # noqa: F401  (LiveServer: used by tests importing from here)
+from tests.conftest import TEST_DEVICE, TINY, LiveServer  # noqa: F401  (LiveServer: used by tests importing from here)
 
 
 def server_config(tiny_checkpoints, **overrides) -> ServerConfig:
     values = dict(
-        models=[f"{n}={p}" for n, p in tiny_checkpoints.items()], device="cpu", dtype="float32",
+        models=[f"{n}={p}" for n, p in tiny_checkpoints.items()], device=str(TEST_DEVICE), dtype="float32",
         max_num_seqs=16, max_queue=32, cache_bytes=4 * 2**20, block_size=4, max_tokens_limit=256,
         max_model_len=None, drain_seconds=5.0,
     )

@@ -37,8 +37,11 @@ def scripted_engine(tokenizer, state_kind: str = "paged_kv", logits_fn=None, max
     from server.engine.core import CacheConfig, EngineConfig
     from server.engine.scheduler import SchedulerConfig
 
+    from tests.conftest import TEST_DEVICE
+
     model = ScriptedModel(ScriptedConfig(tokenizer.vocab_size, state_kind=state_kind), logits_fn=logits_fn)
-    loaded = LoadedModel("scripted", None, "scripted", model, tokenizer, [eos], torch.device("cpu"), torch.float32)
+    loaded = LoadedModel("scripted", None, "scripted", model.to(TEST_DEVICE), tokenizer, [eos], TEST_DEVICE,
+                         torch.float32)
     return EngineCore(loaded, EngineConfig(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget),
         CacheConfig(block_size=block_size, num_blocks=num_blocks),

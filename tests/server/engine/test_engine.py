@@ -9,7 +9,7 @@ from models.checkpoint import LoadedModel
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
-from tests.conftest import build_tiny_model
+from tests.conftest import TEST_DEVICE, build_tiny_model
 from tests.server.engine.helpers import run_to_completion
 
 ARCHS = ["lstm", "gcnn", "transformer-llama", "transformer-gpt2"]
@@ -19,7 +19,7 @@ def loaded_model(key, tokenizer) -> LoadedModel:
     arch, model = build_tiny_model(key, tokenizer.vocab_size)
     with torch.no_grad():  # logits of a few units: greedy choices are not near-ties, and sampling still varies
         model.embed.weight.mul_(0.3 if arch == "transformer" else 4.0)
-    return LoadedModel(key, None, arch, model, tokenizer, [0], torch.device("cpu"), torch.float32)
+    return LoadedModel(key, None, arch, model, tokenizer, [0], TEST_DEVICE, torch.float32)
 
 
 def engine(loaded, budget=48, prefix=True, max_num_seqs=32) -> EngineCore:
@@ -32,7 +32,7 @@ def engine(loaded, budget=48, prefix=True, max_num_seqs=32) -> EngineCore:
 def reference_greedy(model, prompt, n):
     ids = list(prompt)
     for _ in range(n):
-        ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+        ids.append(int(model(torch.tensor([ids], device=TEST_DEVICE))[0, -1].argmax()))
     return ids[len(prompt):]
 
 
@@ -117,7 +117,7 @@ def test_prompt_logprobs_score_the_prompt(loaded):
     e = engine(loaded, budget=8)  # several chunks
     e.add_request("score", prompt, SamplingParams(max_tokens=1, prompt_logprobs=2))
     scored = run_to_completion(e)["score"]["prompt_logprobs"]
-    full = torch.log_softmax(loaded.model(torch.tensor([prompt]))[0], dim=-1)
+    full = torch.log_softmax(loaded.model(torch.tensor([prompt], device=TEST_DEVICE))[0], dim=-1)
     assert scored[0] is None and len(scored) == len(prompt)
     for t in range(1, len(prompt)):
         assert scored[t].token_id == prompt[t]

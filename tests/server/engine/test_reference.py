@@ -15,7 +15,7 @@ from models.checkpoint import load_checkpoint
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
-from tests.conftest import build_hf_tokenizer
+from tests.conftest import TEST_DEVICE, build_hf_tokenizer
 from tests.server.engine.helpers import run_to_completion
 
 V = 300
@@ -47,7 +47,7 @@ def pair(request, tmp_path_factory):
     reference = hf_model(request.param)
     reference.save_pretrained(directory, safe_serialization=True)
     build_hf_tokenizer(V).save(str(directory / "tokenizer.json"))
-    return reference, load_checkpoint(directory, device="cpu", dtype="float32")
+    return reference.to(TEST_DEVICE), load_checkpoint(directory, device=TEST_DEVICE, dtype="float32")
 
 
 PROMPTS = [[10, 20, 30, 40, 50], [7, 8, 9], [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112], [42]]
@@ -70,7 +70,7 @@ def busy_neighbours(e: EngineCore, count: int = 6) -> None:
 
 
 def hf_greedy(reference, prompt, max_new_tokens):
-    out = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens)
+    out = reference.generate(torch.tensor([prompt], device=TEST_DEVICE), do_sample=False, max_new_tokens=max_new_tokens)
     return out[0, len(prompt):].tolist()
 
 
@@ -111,7 +111,8 @@ def test_beam_search_matches_transformers(pair, case, busy):
     results = run_to_completion(e)
     for i, prompt in enumerate(PROMPTS):
         expected = reference.generate(
-            torch.tensor([prompt]), do_sample=False, num_beams=case["num_beams"], num_return_sequences=case["n"],
+            torch.tensor([prompt], device=TEST_DEVICE), do_sample=False, num_beams=case["num_beams"],
+            num_return_sequences=case["n"],
             length_penalty=case["length_penalty"], early_stopping=case["early_stopping"],
             max_new_tokens=case["max_new_tokens"], output_scores=True, return_dict_in_generate=True,
         )
@@ -136,7 +137,7 @@ def test_greedy_survives_preemption(pair):
     assert e.scheduler.num_preemptions > 0
     for i, prompt in enumerate(PROMPTS):
         want = reference.generate(
-            torch.tensor([prompt]), do_sample=False, max_new_tokens=14, min_new_tokens=14
+            torch.tensor([prompt], device=TEST_DEVICE), do_sample=False, max_new_tokens=14, min_new_tokens=14
         )[0, len(prompt):].tolist()
         assert results[f"greedy{i}"][0]["token_ids"] == want
     assert e.cache.usage == 0

@@ -78,8 +78,8 @@ def test_chosen_logits_decide_the_tokens_and_logprobs(tiny_tokenizer):
     vocab = tiny_tokenizer.vocab_size
 
     def next_is_plus_one(tokens, positions):  # a model that always continues with token + 1
-        logits = torch.full((len(tokens), vocab), -20.0)
-        logits[torch.arange(len(tokens)), (tokens + 1) % vocab] = 0.0
+        logits = torch.full((len(tokens), vocab), -20.0, device=tokens.device)
+        logits[torch.arange(len(tokens), device=tokens.device), (tokens + 1) % vocab] = 0.0
         return logits
 
     engine = scripted_engine(tiny_tokenizer, logits_fn=next_is_plus_one)

@@ -3,6 +3,7 @@ import torch
 
 from server.sampling.batch import SamplingBatch, new_generator
 from server.sampling.params import SamplingParams
+from tests.conftest import TEST_DEVICE
 
 V = 10
 
@@ -10,13 +11,13 @@ V = 10
 def build(params, outputs=None, generators=None, eos_token_ids=()):
     rows = len(params)
     return SamplingBatch.build(
-        params, [[1, 2]] * rows, outputs or [[]] * rows, generators or [None] * rows, V, "cpu", eos_token_ids
+        params, [[1, 2]] * rows, outputs or [[]] * rows, generators or [None] * rows, V, TEST_DEVICE, eos_token_ids
     )
 
 
 def test_rows_must_line_up():
     with pytest.raises(ValueError, match="one entry per row"):
-        SamplingBatch.build([SamplingParams()] * 2, [[1]], [[], []], [None, None], V, "cpu")
+        SamplingBatch.build([SamplingParams()] * 2, [[1]], [[], []], [None, None], V, TEST_DEVICE)
 
 
 def test_greedy_rows_turn_every_filter_off():
@@ -53,7 +54,7 @@ def test_logit_bias_is_flattened_and_ids_past_the_vocab_skipped():
 
 
 def test_seeded_rows_are_the_random_rows_with_a_generator():
-    generators = [new_generator(1, "cpu"), new_generator(2, "cpu"), None]
+    generators = [new_generator(1, TEST_DEVICE), new_generator(2, TEST_DEVICE), None]
     batch = build([SamplingParams(temperature=0.0), SamplingParams(), SamplingParams()], generators=generators)
     assert [row for row, _ in batch.seeded_rows] == [1]
     assert batch.seeded_rows[0][1] is generators[1]
@@ -65,5 +66,5 @@ def test_num_top_logprobs_is_the_widest_request():
 
 
 def test_new_generator_is_reproducible():
-    a, b = new_generator(11, "cpu"), new_generator(11, "cpu")
-    assert torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))
+    a, b = new_generator(11, TEST_DEVICE), new_generator(11, TEST_DEVICE)
+    assert torch.equal(torch.rand(4, generator=a, device=TEST_DEVICE), torch.rand(4, generator=b, device=TEST_DEVICE))

@@ -25,6 +25,7 @@ from server.sampling.processors import (
     token_counts,
 )
 from server.sampling.sampler import process_logits
+from tests.conftest import TEST_DEVICE
 
 B, V = 6, 64
 NEG_INF = float("-inf")
@@ -32,11 +33,11 @@ NEG_INF = float("-inf")
 
 @pytest.fixture
 def logits() -> torch.Tensor:
-    return torch.randn(B, V, generator=torch.Generator().manual_seed(0)) * 3
+    return (torch.randn(B, V, generator=torch.Generator().manual_seed(0)) * 3).to(TEST_DEVICE)
 
 
 def full(value, dtype=torch.float32) -> torch.Tensor:
-    return torch.full((B,), value, dtype=dtype)
+    return torch.full((B,), value, dtype=dtype, device=TEST_DEVICE)
 
 
 @pytest.mark.parametrize("temperature", [0.25, 0.7, 1.0, 1.9])
@@ -46,7 +47,7 @@ def test_temperature_matches_hf(logits, temperature):
 
 
 def test_temperature_zero_rows_are_left_alone(logits):
-    temperature = torch.tensor([0.0, 0.5, 0.0, 2.0, 1.0, 0.0])
+    temperature = torch.tensor([0.0, 0.5, 0.0, 2.0, 1.0, 0.0], device=TEST_DEVICE)
     out = apply_temperature(logits, temperature)
     assert torch.equal(out[temperature == 0], logits[temperature == 0])
     assert torch.equal(out[1], logits[1] / 0.5)
@@ -60,8 +61,8 @@ def test_top_k_matches_hf(logits, top_k):
 
 
 def test_top_k_keeps_every_tie_at_the_boundary():
-    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0]])
-    out = apply_top_k(logits, torch.tensor([2]))
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0]], device=TEST_DEVICE)
+    out = apply_top_k(logits, torch.tensor([2], device=TEST_DEVICE))
     assert torch.isfinite(out).tolist() == [[True, True, True, True, False]]
 
 
@@ -74,8 +75,8 @@ def test_top_p_matches_hf(logits, top_p, temperature):
 
 
 def test_top_p_one_is_off_even_for_underflowing_tokens():
-    logits = torch.tensor([[0.0, -200.0, -1e4]])  # softmax of the last two is 0 in float32
-    assert torch.equal(apply_top_p(logits, torch.tensor([1.0], dtype=torch.float64)), logits)
+    logits = torch.tensor([[0.0, -200.0, -1e4]], device=TEST_DEVICE)  # softmax of the last two is 0 in float32
+    assert torch.equal(apply_top_p(logits, torch.tensor([1.0], dtype=torch.float64, device=TEST_DEVICE)), logits)
 
 
 @pytest.mark.parametrize("min_p", [0.0, 0.01, 0.1, 0.5, 0.9, 1.0])
@@ -86,42 +87,45 @@ def test_min_p_matches_hf(logits, min_p):
 
 @pytest.mark.parametrize("penalty", [0.5, 1.0, 1.2, 2.0])
 def test_repetition_penalty_matches_hf(logits, penalty):
-    seen_ids = torch.randint(0, V, (B, 20), generator=torch.Generator().manual_seed(1))
+    seen_ids = torch.randint(0, V, (B, 20), generator=torch.Generator().manual_seed(1)).to(TEST_DEVICE)
     expected = RepetitionPenaltyLogitsProcessor(penalty)(seen_ids, logits.clone())
-    seen = token_counts(seen_ids.tolist(), V, "cpu") > 0
+    seen = token_counts(seen_ids.tolist(), V, TEST_DEVICE) > 0
     assert torch.equal(apply_repetition_penalty(logits, seen, full(penalty)), expected)
 
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative():
-    logits = torch.tensor([[2.0, -2.0, 2.0, -2.0]])
-    seen = torch.tensor([[True, True, False, False]])
-    out = apply_repetition_penalty(logits, seen, torch.tensor([2.0]))
+    logits = torch.tensor([[2.0, -2.0, 2.0, -2.0]], device=TEST_DEVICE)
+    seen = torch.tensor([[True, True, False, False]], device=TEST_DEVICE)
+    out = apply_repetition_penalty(logits, seen, torch.tensor([2.0], device=TEST_DEVICE))
     assert out.tolist() == [[1.0, -4.0, 2.0, -2.0]]
 
 
 def test_presence_and_frequency_penalties_by_hand():
-    logits = torch.zeros(2, 5)
-    counts = token_counts([[1, 1, 3], [4]], 5, "cpu")
-    out = apply_presence_frequency_penalties(logits, counts, torch.tensor([0.5, -1.0]), torch.tensor([0.25, 2.0]))
+    logits = torch.zeros(2, 5, device=TEST_DEVICE)
+    counts = token_counts([[1, 1, 3], [4]], 5, TEST_DEVICE)
+    presence, frequency = torch.tensor([0.5, -1.0], device=TEST_DEVICE), torch.tensor([0.25, 2.0], device=TEST_DEVICE)
+    out = apply_presence_frequency_penalties(logits, counts, presence, frequency)
     # row 0: token 1 seen twice: -(0.5 + 2 * 0.25); token 3 once: -(0.5 + 0.25)
     # row 1: token 4 once: -(-1.0 + 2.0)
     assert out.tolist() == [[0.0, -1.0, 0.0, -0.75, 0.0], [0.0, 0.0, 0.0, 0.0, -1.0]]
 
 
 def test_logit_bias_is_added_and_repeats_accumulate():
-    logits = torch.zeros(2, 4)
-    out = apply_logit_bias(logits, torch.tensor([0, 1, 1]), torch.tensor([3, 0, 2]), torch.tensor([5.0, -100.0, 0.5]))
+    logits = torch.zeros(2, 4, device=TEST_DEVICE)
+    rows, token_ids = torch.tensor([0, 1, 1], device=TEST_DEVICE), torch.tensor([3, 0, 2], device=TEST_DEVICE)
+    out = apply_logit_bias(logits, rows, token_ids, torch.tensor([5.0, -100.0, 0.5], device=TEST_DEVICE))
     assert out.tolist() == [[0.0, 0.0, 0.0, 5.0], [-100.0, 0.0, 0.5, 0.0]]
     assert logits.abs().sum() == 0  # input untouched
 
 
 def test_banned_tokens_are_minus_infinity():
-    out = apply_banned_tokens(torch.zeros(2, 3), torch.tensor([1, 1]), torch.tensor([0, 2]))
+    on = dict(device=TEST_DEVICE)
+    out = apply_banned_tokens(torch.zeros(2, 3, **on), torch.tensor([1, 1], **on), torch.tensor([0, 2], **on))
     assert out.tolist() == [[0.0, 0.0, 0.0], [NEG_INF, 0.0, NEG_INF]]
 
 
 def test_token_counts_one_row_per_list_and_ids_past_the_vocab_dropped():
-    counts = token_counts([[0, 2, 2, 9], [], [1]], 4, "cpu")
+    counts = token_counts([[0, 2, 2, 9], [], [1]], 4, TEST_DEVICE)
     assert counts.tolist() == [[1, 0, 2, 0], [0, 0, 0, 0], [0, 1, 0, 0]]
 
 
@@ -152,10 +156,10 @@ def test_mixed_batch_matches_hf_row_by_row(logits):
     ]
     prompts = [[1, 2, 3], [4], [5, 5, 6], [7, 8], [9], [10, 11, 12]]
     outputs = [[13], [], [14, 1], [7], [20, 21], [3, 3]]
-    batch = SamplingBatch.build(params, prompts, outputs, [None] * B, V, "cpu")
+    batch = SamplingBatch.build(params, prompts, outputs, [None] * B, V, TEST_DEVICE)
     out = process_logits(logits, batch)
     for row, p in enumerate(params):
-        seen = torch.tensor([prompts[row] + outputs[row]])
+        seen = torch.tensor([prompts[row] + outputs[row]], device=TEST_DEVICE)
         expected = hf_pipeline(p)(seen, logits[row : row + 1].clone())
         assert torch.equal(out[row : row + 1], expected), f"row {row}"
 
@@ -164,7 +168,7 @@ def test_off_settings_leave_rows_unchanged(logits):
     batch = SamplingBatch.build(
         [SamplingParams(top_k=3, top_p=0.5, min_p=0.3, repetition_penalty=1.5, presence_penalty=1.0)]
         + [SamplingParams()] * (B - 1),
-        [[1, 2]] * B, [[3]] * B, [None] * B, V, "cpu",
+        [[1, 2]] * B, [[3]] * B, [None] * B, V, TEST_DEVICE,
     )
     out = process_logits(logits, batch)
     assert torch.equal(out[1:], logits[1:])

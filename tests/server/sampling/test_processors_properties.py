@@ -17,6 +17,7 @@ from server.sampling.processors import (
     apply_top_p,
 )
 from server.sampling.sampler import process_logits, sample
+from tests.conftest import TEST_DEVICE
 
 SETTINGS = settings(max_examples=60, deadline=None)
 TOLERANCE = 1e-5  # float32 cumulative sums over <= 40 tokens
@@ -24,14 +25,14 @@ TOLERANCE = 1e-5  # float32 cumulative sums over <= 40 tokens
 
 @st.composite
 def logits_tensors(draw, distinct: bool = False, some_masked: bool = False, min_vocab: int = 2) -> torch.Tensor:
-    """(B, V) float32 logits. distinct: no two equal in a row. some_masked: a few -inf, never among a
-    row's 4 largest (so three banned tokens cannot empty a row)."""
+    """(B, V) float32 logits on the test device. distinct: no two equal in a row. some_masked: a few -inf,
+    never among a row's 4 largest (so three banned tokens cannot empty a row)."""
     num_rows, vocab = draw(st.integers(1, 5)), draw(st.integers(min_vocab, 40))
     generator = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
     scale = draw(st.sampled_from([0.01, 1.0, 4.0, 30.0]))
     if distinct:
         ranks = torch.stack([torch.randperm(vocab, generator=generator) for _ in range(num_rows)])
-        return ranks.float() * (scale / vocab)
+        return (ranks.float() * (scale / vocab)).to(TEST_DEVICE)
     logits = torch.randn(num_rows, vocab, generator=generator) * scale
     if draw(st.booleans()):
         logits = logits.round()  # plenty of ties
@@ -39,7 +40,7 @@ def logits_tensors(draw, distinct: bool = False, some_masked: bool = False, min_
         mask = torch.rand(num_rows, vocab, generator=generator) < 0.3
         mask.scatter_(1, logits.topk(min(4, vocab), dim=-1).indices, False)
         logits = logits.masked_fill(mask, float("-inf"))
-    return logits
+    return logits.to(TEST_DEVICE)
 
 
 @st.composite
@@ -68,14 +69,14 @@ def batches(draw) -> tuple[torch.Tensor, SamplingBatch]:
     rows = [draw(row_settings(vocab)) for _ in range(num_rows)]
     params, prompts, outputs = (list(column) for column in zip(*rows))
     eos = draw(st.lists(st.integers(0, vocab - 1), max_size=1))
-    batch = SamplingBatch.build(params, prompts, outputs, [None] * num_rows, vocab, "cpu", eos_token_ids=eos)
+    batch = SamplingBatch.build(params, prompts, outputs, [None] * num_rows, vocab, TEST_DEVICE, eos_token_ids=eos)
     return logits, batch
 
 
 def assert_normalized(logits: torch.Tensor) -> None:
     probs = logits.softmax(dim=-1)
     assert not probs.isnan().any()
-    assert torch.allclose(probs.sum(dim=-1), torch.ones(logits.shape[0]), atol=TOLERANCE)
+    assert torch.allclose(probs.sum(dim=-1), torch.ones(logits.shape[0], device=logits.device), atol=TOLERANCE)
 
 
 @SETTINGS
@@ -123,7 +124,8 @@ def test_sampled_tokens_survive_the_filters(case):
 @given(logits_tensors(distinct=True), st.data())
 def test_top_k_keeps_exactly_k_without_ties(logits, data):
     num_rows, vocab = logits.shape
-    top_k = torch.tensor(data.draw(st.lists(st.integers(-1, vocab + 3), min_size=num_rows, max_size=num_rows)))
+    top_k = torch.tensor(data.draw(st.lists(st.integers(-1, vocab + 3), min_size=num_rows, max_size=num_rows)),
+                         device=TEST_DEVICE)
     kept = torch.isfinite(apply_top_k(logits, top_k)).sum(dim=-1)
     expected = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
     assert torch.equal(kept, expected)
@@ -138,7 +140,7 @@ def test_top_k_keeps_exactly_k_without_ties(logits, data):
 def test_top_p_keeps_the_smallest_prefix_reaching_p(logits, data):
     num_rows, _ = logits.shape
     top_p = data.draw(st.lists(st.floats(0.0, 1.0, exclude_min=True), min_size=num_rows, max_size=num_rows))
-    kept = torch.isfinite(apply_top_p(logits, torch.tensor(top_p, dtype=torch.float64)))
+    kept = torch.isfinite(apply_top_p(logits, torch.tensor(top_p, dtype=torch.float64, device=TEST_DEVICE)))
     for row, p in enumerate(top_p):
         order = logits[row].argsort(descending=True)
         num_kept = int(kept[row].sum())
@@ -156,9 +158,9 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p(logits, data):
 def test_min_p_keeps_exactly_the_tokens_above_the_threshold(logits, data):
     num_rows, _ = logits.shape
     min_p = data.draw(st.lists(st.floats(0.0, 1.0), min_size=num_rows, max_size=num_rows))
-    kept = torch.isfinite(apply_min_p(logits, torch.tensor(min_p)))
+    kept = torch.isfinite(apply_min_p(logits, torch.tensor(min_p, device=TEST_DEVICE)))
     probs = logits.double().softmax(dim=-1)
-    threshold = torch.tensor(min_p, dtype=torch.float64).unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+    threshold = torch.tensor(min_p, dtype=torch.float64, device=TEST_DEVICE).unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
     clearly_above = probs >= threshold * (1 + 1e-5)
     clearly_below = probs < threshold * (1 - 1e-5)
     assert kept[clearly_above].all()

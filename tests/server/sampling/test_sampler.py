@@ -5,6 +5,7 @@ from server.sampling.batch import SamplingBatch, new_generator
 from server.sampling.params import SamplingParams
 from server.sampling.processors import apply_top_k, apply_top_p
 from server.sampling.sampler import process_logits, prompt_logprobs, sample
+from tests.conftest import TEST_DEVICE
 
 NEG_INF = float("-inf")
 
@@ -17,13 +18,13 @@ def build(params, vocab, prompts=None, outputs=None, generators=None, eos_token_
         outputs if outputs is not None else [[]] * rows,
         generators if generators is not None else [None] * rows,
         vocab,
-        "cpu",
+        TEST_DEVICE,
         eos_token_ids=eos_token_ids,
     )
 
 
 def random_logits(rows, vocab, seed=0, scale=2.0):
-    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * scale
+    return (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * scale).to(TEST_DEVICE)
 
 
 def test_greedy_is_argmax():
@@ -33,7 +34,7 @@ def test_greedy_is_argmax():
 
 
 def test_greedy_takes_the_argmax_after_penalties_and_bias():
-    logits = torch.tensor([[5.0, 4.0, 0.0, 0.0]])
+    logits = torch.tensor([[5.0, 4.0, 0.0, 0.0]], device=TEST_DEVICE)
     params = [SamplingParams(temperature=0.0, repetition_penalty=2.0, logit_bias={3: 4.5})]
     out = sample(logits, build(params, 4, prompts=[[0]]))  # 5 / 2 = 2.5 < 4 < 4.5
     assert out.token_ids.tolist() == [3]
@@ -57,8 +58,8 @@ def test_logits_are_not_modified():
 
 def run_steps(row_params, seed, others, position, steps=6, vocab=300):
     """The tokens a seeded row draws over `steps` steps, placed at `position` among `others`."""
-    generator = new_generator(seed, "cpu")
-    other_generators = [new_generator(p.seed, "cpu") if p.seed is not None else None for p in others]
+    generator = new_generator(seed, TEST_DEVICE)
+    other_generators = [new_generator(p.seed, TEST_DEVICE) if p.seed is not None else None for p in others]
     tokens = []
     for step in range(steps):
         params = list(others)
@@ -94,16 +95,16 @@ def test_same_seed_same_tokens_alone_or_anywhere_in_a_batch():
 
 def test_different_seeds_draw_differently():
     row = SamplingParams(temperature=1.0)
-    flat = torch.zeros(2, 1000)
+    flat = torch.zeros(2, 1000, device=TEST_DEVICE)
     draws = [
         [int(sample(flat, build([row], 1000, generators=[gen])).token_ids[0]) for _ in range(5)]
-        for gen in (new_generator(1, "cpu"), new_generator(2, "cpu"))
+        for gen in (new_generator(1, TEST_DEVICE), new_generator(2, TEST_DEVICE))
     ]
     assert draws[0] != draws[1]  # equal with probability 1e-15
 
 
 def test_seeded_greedy_row_does_not_advance_its_generator():
-    generator = new_generator(5, "cpu")
+    generator = new_generator(5, TEST_DEVICE)
     state = generator.get_state()
     sample(random_logits(1, 10), build([SamplingParams(temperature=0.0, seed=5)], 10, generators=[generator]))
     assert torch.equal(generator.get_state(), state)
@@ -123,15 +124,16 @@ CHI2_CRITICAL = {5: 20.52, 3: 16.27}
 
 def test_sampling_frequencies_match_the_distribution():
     torch.manual_seed(0)
-    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 1.5])
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 1.5], device=TEST_DEVICE)
     out = sample(logits.expand(4000, -1), build([SamplingParams(temperature=0.9)] * 4000, 6))
     assert chi_square(out.token_ids, (logits / 0.9).softmax(dim=-1)) < CHI2_CRITICAL[5]
 
 
 def test_sampling_frequencies_match_the_filtered_distribution():
     torch.manual_seed(1)
-    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 1.5]])
-    filtered = apply_top_p(apply_top_k(logits, torch.tensor([5])), torch.tensor([0.9], dtype=torch.float64))
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 1.5]], device=TEST_DEVICE)
+    top_k, top_p = torch.tensor([5], device=TEST_DEVICE), torch.tensor([0.9], dtype=torch.float64, device=TEST_DEVICE)
+    filtered = apply_top_p(apply_top_k(logits, top_k), top_p)
     probs = filtered.softmax(dim=-1)[0]
     assert int((probs > 0).sum()) == 4  # top-k drops one token, top-p another
     out = sample(logits.expand(4000, -1), build([SamplingParams(top_k=5, top_p=0.9)] * 4000, 6))
@@ -139,10 +141,10 @@ def test_sampling_frequencies_match_the_filtered_distribution():
 
 
 def test_seeded_row_draws_follow_the_distribution_too():
-    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 1.5]])
-    generator = new_generator(3, "cpu")
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 1.5]], device=TEST_DEVICE)
+    generator = new_generator(3, TEST_DEVICE)
     batch = build([SamplingParams()], 6, generators=[generator])
-    tokens = torch.tensor([int(sample(logits, batch).token_ids[0]) for _ in range(2000)])
+    tokens = torch.tensor([int(sample(logits, batch).token_ids[0]) for _ in range(2000)], device=TEST_DEVICE)
     assert chi_square(tokens, logits[0].softmax(dim=-1)) < CHI2_CRITICAL[5]
 
 
@@ -174,7 +176,7 @@ def test_no_top_logprobs_unless_asked():
 def test_min_tokens_bans_eos_and_stop_ids_until_reached():
     params = [SamplingParams(min_tokens=3, stop_token_ids=[7])] * 3 + [SamplingParams(min_tokens=3, ignore_eos=True)]
     outputs = [[], [1, 2], [1, 2, 3], []]
-    processed = process_logits(torch.zeros(4, 10), build(params, 10, outputs=outputs, eos_token_ids=[0, 9]))
+    processed = process_logits(torch.zeros(4, 10, device=TEST_DEVICE), build(params, 10, outputs=outputs, eos_token_ids=[0, 9]))
     banned = processed == NEG_INF
     assert banned[0].nonzero().flatten().tolist() == [0, 7, 9]
     assert banned[1].nonzero().flatten().tolist() == [0, 7, 9]
@@ -183,13 +185,13 @@ def test_min_tokens_bans_eos_and_stop_ids_until_reached():
 
 
 def test_min_tokens_keeps_a_greedy_row_off_eos():
-    logits = torch.tensor([[10.0, 1.0, 0.0]])
+    logits = torch.tensor([[10.0, 1.0, 0.0]], device=TEST_DEVICE)
     params = [SamplingParams(temperature=0.0, min_tokens=1)]
     assert sample(logits, build(params, 3, eos_token_ids=[0])).token_ids.tolist() == [1]
 
 
 def test_penalties_count_prompt_for_repetition_and_output_for_presence():
-    logits = torch.ones(2, 5)
+    logits = torch.ones(2, 5, device=TEST_DEVICE)
     params = [SamplingParams(repetition_penalty=2.0), SamplingParams(presence_penalty=1.0, frequency_penalty=0.5)]
     processed = process_logits(logits, build(params, 5, prompts=[[0], [0]], outputs=[[1, 1], [1, 1]]))
     assert processed[0].tolist() == [0.5, 0.5, 1.0, 1.0, 1.0]

@@ -1,0 +1,82 @@
+"""Paged attention read in place by one Triton kernel (`triton_kernel.py`): the default on CUDA.
+
+Per step, `build` cuts each sequence's new tokens into query tiles on the host (the query lengths
+are host integers, so no device sync) and uploads them with the sequences' packed offsets in one
+copy. Per layer, `forward` writes the new K,V into their cache slots with one indexed copy per
+tensor, then launches the kernel once for prefill chunks and decode tokens together.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch
+
+from ..batch import StepBatch
+from .backend import slot_mapping, write_kv
+
+# Query tokens per tile when some sequence brings more than one (prefill chunks). Decode-only steps
+# use tiles of one token: a tile never mixes sequences, so larger ones would sit mostly empty.
+MAX_BLOCK_Q = 16
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+@dataclass
+class TritonPagedAttention:
+    name = "triton"
+
+    slot_mapping: torch.Tensor  # (T,) flat cache slot of each new token
+    positions: torch.Tensor  # (T,) position of each new token in its sequence
+    block_tables: torch.Tensor  # (B, max_blocks)
+    seq_starts: torch.Tensor  # (B + 1,) int32 packed offset of each sequence's first new token, then T
+    tile_seqs: torch.Tensor  # (num_tiles,) int32 the sequence of each query tile
+    tile_starts: torch.Tensor  # (num_tiles,) int32 its first query, counted within the sequence's new tokens
+    block_q: int  # query tokens per tile
+
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        if importlib.util.find_spec("triton") is None:
+            return "needs the triton package (pip install triton)"
+        if device.type == "cuda":
+            return None
+        from .triton_kernel import is_interpreted
+
+        if device.type == "cpu" and is_interpreted():
+            return None
+        return "runs on CUDA devices (on the CPU only in the Triton interpreter: TRITON_INTERPRET=1)"
+
+    @classmethod
+    def build(cls, batch: StepBatch, block_size: int) -> "TritonPagedAttention":
+        lens = batch.query_lens
+        block_q = 1 if batch.max_query_len == 1 else min(_next_power_of_2(batch.max_query_len), MAX_BLOCK_Q)
+        tile_seqs: list[int] = []
+        tile_starts: list[int] = []
+        for seq, n in enumerate(lens):
+            starts = range(0, n, block_q)
+            tile_seqs += [seq] * len(starts)
+            tile_starts += starts
+        num_seqs, num_tiles = len(lens), len(tile_seqs)
+        host = torch.tensor([0, *accumulate(lens), *tile_seqs, *tile_starts], dtype=torch.int32)
+        packed = host.to(batch.positions.device)  # one host-to-device copy for all three
+        return cls(
+            slot_mapping=slot_mapping(batch, block_size),
+            positions=batch.positions,
+            block_tables=batch.block_tables,
+            seq_starts=packed[: num_seqs + 1],
+            tile_seqs=packed[num_seqs + 1 : num_seqs + 1 + num_tiles],
+            tile_starts=packed[num_seqs + 1 + num_tiles :],
+            block_q=block_q,
+        )
+
+    def forward(self, q, k, v, k_cache, v_cache) -> torch.Tensor:
+        from .triton_kernel import paged_attention  # imported late: see that module's note on TRITON_INTERPRET
+
+        write_kv(k, v, k_cache, v_cache, self.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, self.positions, self.block_tables, self.seq_starts,
+                              self.tile_seqs, self.tile_starts, self.block_q)  # (T, H, hd)
+        return out.flatten(-2)

@@ -1,0 +1,99 @@
+"""How many bytes the K,V cache gets: given, or sized from the GPU (vLLM's --gpu-memory-utilization).
+
+On CUDA, after the weights are loaded, one profiling step at the largest batch the scheduler may pack
+(max_num_batched_tokens new tokens, logits for every row, as a step with prompt logprobs computes)
+measures the activations' peak. The cache then takes what is left of `utilization` x the device's
+memory once the weights, that peak and the memory outside PyTorch's allocator (the CUDA context,
+other processes) are counted. The arithmetic is `kv_cache_bytes`, a pure function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+
+from models.batch import StepBatch
+
+DEFAULT_CACHE_BYTES = 256 * 2**20  # off CUDA, when no size is given
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemory:
+    total: int  # the device's memory
+    weights: int  # the model's parameters and buffers
+    peak_activations: int  # what a step at the largest batch allocates on top of what was held before it
+    non_torch: int  # in use on the device outside PyTorch's allocator
+
+
+def kv_cache_bytes(memory: GpuMemory, utilization: float) -> int:
+    """What is left for the K,V cache of `utilization` x the device's memory; ValueError if nothing is."""
+    budget = int(memory.total * utilization)
+    taken = memory.weights + memory.peak_activations + memory.non_torch
+    if taken >= budget:
+        gib = 2**30
+        raise ValueError(
+            f"no memory left for the K,V cache: {utilization:g} of {memory.total / gib:.2f} GiB is "
+            f"{budget / gib:.2f} GiB, and the weights ({memory.weights / gib:.2f} GiB), a step's activations "
+            f"({memory.peak_activations / gib:.2f} GiB) and memory outside PyTorch ({memory.non_torch / gib:.2f} GiB) "
+            "take all of it; raise --gpu-memory-utilization, lower --max-num-batched-tokens or give --cache-bytes"
+        )
+    return budget - taken
+
+
+def choose_cache_bytes(model, cache_bytes: int | None, gpu_memory_utilization: float, block_size: int,
+                       max_num_batched_tokens: int, max_model_len: int) -> int:
+    """`cache_bytes` when given; else sized from the GPU on CUDA, DEFAULT_CACHE_BYTES elsewhere."""
+    if cache_bytes is not None:
+        return cache_bytes
+    if _device(model).type != "cuda":
+        return DEFAULT_CACHE_BYTES
+    memory = measure_gpu_memory(model, block_size, max_num_batched_tokens, max_model_len)
+    return kv_cache_bytes(memory, gpu_memory_utilization)
+
+
+def _device(model) -> torch.device:
+    return next(chain(model.parameters(), model.buffers())).device
+
+
+def profile_step(model, state, max_num_batched_tokens: int, max_model_len: int) -> torch.Tensor:
+    """One step of `max_num_batched_tokens` new tokens, as prompts of at most `max_model_len` tokens
+    (learned positions end there), with logits for every row; `state` must hold them all."""
+    device = state.k.device
+    length = min(max_num_batched_tokens, max_model_len)
+    prompts, tables, next_block = [], [], 0
+    for start in range(0, max_num_batched_tokens, length):
+        n = min(length, max_num_batched_tokens - start)
+        num_blocks = -(-n // state.block_size)
+        prompts.append([0] * n)
+        tables.append(list(range(next_block, next_block + num_blocks)))
+        next_block += num_blocks
+    batch = StepBatch.build(prompts, [0] * len(prompts), block_tables=tables, logits="all", device=device)
+    logits = model.step(batch, state)  # (max_num_batched_tokens, V)
+    return torch.log_softmax(logits, dim=-1)  # prompt scoring holds a second copy
+
+
+def profile_blocks(max_num_batched_tokens: int, max_model_len: int, block_size: int) -> int:
+    """Blocks `profile_step` needs."""
+    length = min(max_num_batched_tokens, max_model_len)
+    full, rest = divmod(max_num_batched_tokens, length)
+    return full * -(-length // block_size) + -(-rest // block_size)
+
+
+def measure_gpu_memory(model, block_size: int, max_num_batched_tokens: int, max_model_len: int) -> GpuMemory:
+    """The figures `kv_cache_bytes` needs, read from the CUDA device the model is on."""
+    device = _device(model)
+    weights = sum(t.numel() * t.element_size() for t in chain(model.parameters(), model.buffers()))
+    state = model.new_state(profile_blocks(max_num_batched_tokens, max_model_len, block_size), block_size=block_size)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    held = torch.cuda.memory_allocated(device)  # weights, earlier models, the profiling cache
+    profile_step(model, state, max_num_batched_tokens, max_model_len)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - held
+    del state
+    torch.cuda.empty_cache()  # hand the profiling step's blocks back, so the cache can take them
+    free, total = torch.cuda.mem_get_info(device)
+    non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
+    return GpuMemory(total=total, weights=weights, peak_activations=peak, non_torch=non_torch)
