@@ -4,7 +4,7 @@ equal to what /v1/completions answers, Stop freeing the cache, the server's own 
 API key, scoring, and a phone-sized screen.
 
 Skipped, naming what to install, without Debian's chromium and chromium-driver (or selenium).
-The chat mode is not tested here: it needs /v1/chat/completions, which this branch does not have.
+The chat mode is tested in test_playground_chat.py.
 """
 
 from __future__ import annotations
