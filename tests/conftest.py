@@ -171,6 +171,18 @@ class LiveServer:
         self.log.seek(0)
         return self.log.read()
 
+    def __enter__(self) -> "LiveServer":
+        """`with LiveServer(...) as server:` waits until it is ready and stops it on the way out."""
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def wait_ready(self, timeout: float = 60.0) -> None:
         try:
             wait_until_ready(self.url, timeout, still_starting=lambda: self.process.poll() is None)
@@ -189,12 +201,8 @@ class LiveServer:
 
 @pytest.fixture(scope="module")
 def live_server(tiny_checkpoints):
-    server = LiveServer(tiny_checkpoints)
-    try:
-        server.wait_ready()
+    with LiveServer(tiny_checkpoints) as server:
         yield server
-    finally:
-        server.stop()
 
 
 # ---- tiny Hugging Face checkpoints in a hub cache, served by hub id ------------------------

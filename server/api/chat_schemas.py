@@ -8,11 +8,11 @@ client leaves out is None: the checkpoint's recommendation or Quill's default fi
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
-from .openai_schemas import StreamOptions
+from .openai_schemas import StreamOptions, VLLMExtensions
 
 
 class ContentPart(BaseModel):
@@ -42,7 +42,7 @@ class ChatTemplateOptions(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class ChatCompletionRequest(ChatTemplateOptions):
+class ChatCompletionRequest(ChatTemplateOptions, VLLMExtensions):
     model: str | None = None
     max_tokens: int | None = None  # None: what the context leaves, or the checkpoint's max_new_tokens
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
@@ -63,14 +63,3 @@ class ChatCompletionRequest(ChatTemplateOptions):
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
-    # vLLM's extensions
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    use_beam_search: bool = False  # n is the beam width, and all n beams are answered
-    length_penalty: float = 1.0
-    early_stopping: bool | Literal["never"] = False
-    skip_special_tokens: bool = Field(default=True, description="drop special tokens from the text")

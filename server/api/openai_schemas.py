@@ -15,7 +15,23 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class CompletionRequest(BaseModel):
+class VLLMExtensions(BaseModel):
+    """vLLM's sampling settings beyond OpenAI's, shared by completions and chat."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    use_beam_search: bool = False  # completions: best_of is the beam width; chat: n is, and all n are answered
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
+    skip_special_tokens: bool = Field(default=True, description="drop special tokens from the text")
+
+
+class CompletionRequest(VLLMExtensions):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
@@ -36,14 +52,3 @@ class CompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     seed: int | None = None
-    # vLLM's extensions
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    use_beam_search: bool = False
-    length_penalty: float = 1.0
-    early_stopping: bool | Literal["never"] = False
-    skip_special_tokens: bool = Field(default=True, description="drop special tokens from the text")

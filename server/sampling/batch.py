@@ -9,12 +9,11 @@ no device sync.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .params import SamplingParams
-from .processors import token_counts
 
 
 def new_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -71,44 +70,13 @@ class SamplingBatch:
                 f"one entry per row expected: {num_rows} params, {len(prompt_ids)} prompts, "
                 f"{len(output_ids)} outputs, {len(generators)} generators"
             )
-        is_greedy = [p.is_greedy for p in params]
+        from .table import SamplingTable  # the engine's path: settings written to slots, gathered per step
 
-        def per_row(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=device)
-
-        # Greedy rows turn every filter off: they take the argmax of the penalized logits.
-        top_k = [0 if g or p.top_k < 0 else p.top_k for p, g in zip(params, is_greedy)]
-        top_p = [1.0 if g else p.top_p for p, g in zip(params, is_greedy)]
-        min_p = [0.0 if g else p.min_p for p, g in zip(params, is_greedy)]
-        needs_repetition = any(p.repetition_penalty != 1.0 for p in params)
-        needs_counts = any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params)
-        output_counts = token_counts(list(output_ids), vocab_size, device) if needs_repetition or needs_counts else None
-        seen_tokens = None
-        if needs_repetition:
-            seen_tokens = (token_counts(list(prompt_ids), vocab_size, device) + output_counts) > 0
-        return cls(
-            temperature=per_row([0.0 if g else p.temperature for p, g in zip(params, is_greedy)], torch.float32),
-            is_greedy=per_row(is_greedy, torch.bool),
-            top_k=per_row(top_k, torch.long),
-            top_p=per_row(top_p, torch.float64),
-            min_p=per_row(min_p, torch.float32),
-            repetition_penalty=per_row([p.repetition_penalty for p in params], torch.float32),
-            presence_penalty=per_row([p.presence_penalty for p in params], torch.float32),
-            frequency_penalty=per_row([p.frequency_penalty for p in params], torch.float32),
-            seen_tokens=seen_tokens,
-            output_counts=output_counts if needs_counts else None,
-            bias=flat_logit_bias(params, vocab_size, device),
-            banned=flat_banned_tokens(params, output_ids, eos_token_ids, vocab_size, device),
-            seeded_rows=[
-                (row, gen) for row, (gen, g) in enumerate(zip(generators, is_greedy)) if gen is not None and not g
-            ],
-            max_top_k=max((k for k in top_k if 0 < k < vocab_size), default=0),
-            uses_top_p=any(p < 1.0 for p in top_p),
-            uses_min_p=any(p > 0.0 for p in min_p),
-            all_greedy=all(is_greedy),
-            any_greedy=any(is_greedy),
-            num_top_logprobs=max((p.logprobs or 0 for p in params), default=0),
-        )
+        table = SamplingTable(max(num_rows, 1), vocab_size, device)
+        table.write(list(range(num_rows)), list(params))
+        slots = torch.arange(num_rows, device=device)
+        batch = table.gather(slots, params, generators, prompt_ids, output_ids, eos_token_ids)
+        return replace(batch, needs_logprobs=True)  # built on its own, a batch reports every row's log-probability
 
 
 def flat_logit_bias(

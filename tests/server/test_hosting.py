@@ -25,13 +25,9 @@ LLAMA, MISTRAL = "quill-test/tiny-llama-chat", "quill-test/tiny-mistral"
 @pytest.fixture(scope="module")
 def hub_server(hub_cache):
     cache, _ = hub_cache
-    server = LiveServer({}, "--model", LLAMA, "--model", f"mistral={MISTRAL}",
-                        env={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
-    try:
-        server.wait_ready()
+    with LiveServer({}, "--model", LLAMA, "--model", f"mistral={MISTRAL}",
+                        env={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_models_are_served_by_hub_id(hub_server):

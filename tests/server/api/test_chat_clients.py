@@ -22,12 +22,8 @@ MAX_TOKENS = 12
 @pytest.fixture(scope="module")
 def server(hub_cache):
     cache, _ = hub_cache
-    live = LiveServer({}, "--model", LLAMA, env={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
-    try:
-        live.wait_ready()
+    with LiveServer({}, "--model", LLAMA, env={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}) as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture(scope="module")

@@ -49,12 +49,8 @@ def metrics(server: LiveServer, model: str,
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoints):
-    live = LiveServer(tiny_checkpoints, "--max-tokens-limit", str(LONG))
-    try:
-        live.wait_ready()
+    with LiveServer(tiny_checkpoints, "--max-tokens-limit", str(LONG)) as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture(scope="module")

@@ -25,12 +25,8 @@ QUESTION = "Whether 'tis nobler in the mind to suffer"
 def server(tiny_checkpoints, tmp_path_factory):
     template = tmp_path_factory.mktemp("template") / "chat.jinja"
     template.write_text(TEMPLATE)
-    live = LiveServer(tiny_checkpoints, "--chat-template", f"tiny-transformer={template}")
-    try:
-        live.wait_ready()
+    with LiveServer(tiny_checkpoints, "--chat-template", f"tiny-transformer={template}") as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture(scope="module")
