@@ -1,4 +1,4 @@
-"""The models the benchmark runs: a random GPT-2 saved as a Hugging Face directory, and the
+"""The models the benchmarks run: a random GPT-2 or Llama saved as a Hugging Face directory, and the
 LSTM / gated-CNN defaults (bundled checkpoints when present, random weights otherwise).
 
 Throughput does not depend on what the weights are, only on their shapes, so random
@@ -7,6 +7,8 @@ weights measure the same work as trained ones.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -49,17 +51,38 @@ def build_tokenizer(vocab_size: int) -> HFTokenizer:
     return tok
 
 
-def save_random_gpt2(directory: Path, config_kwargs: dict, seed: int = 0):
-    """Write a randomly initialised GPT2LMHeadModel + tokenizer.json; returns the HF model (eval mode).
+# Family -> (transformers config class, model class): the random checkpoints the benchmarks build.
+HF_FAMILIES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
 
-    The caller loads the same directory with `load_checkpoint`, so both sides run identical weights.
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def save_random_model(directory: Path, family: str, config_kwargs: dict, seed: int = 0,
+                      device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """Write a randomly initialised transformers model of `family` + tokenizer.json; returns the model (eval mode).
+
+    The weights are made on `device` in `dtype` (an 8B model is made on the GPU in a second, and never
+    exists in float32). The caller loads the same directory with `load_checkpoint`, so both sides run
+    identical weights.
     """
     import transformers
 
+    if family not in HF_FAMILIES:
+        raise ValueError(f"unknown model family {family!r} (known: {', '.join(HF_FAMILIES)})")
+    config_name, model_name = HF_FAMILIES[family]
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(seed)
-    config = transformers.GPT2Config(**config_kwargs, bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    model = transformers.GPT2LMHeadModel(config).eval().requires_grad_(False)
+    config = getattr(transformers, config_name)(**config_kwargs, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    with torch.device(device), _default_dtype(dtype):
+        model = getattr(transformers, model_name)(config).eval().requires_grad_(False)
     # Never stop early: lengths must be exactly what each request asked for (Quill's ignore_eos).
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -67,6 +90,11 @@ def save_random_gpt2(directory: Path, config_kwargs: dict, seed: int = 0):
     model.save_pretrained(directory, safe_serialization=True)
     build_tokenizer(config.vocab_size).save(str(directory / "tokenizer.json"))
     return model
+
+
+def save_random_gpt2(directory: Path, config_kwargs: dict, seed: int = 0):
+    """A random GPT2LMHeadModel, float32 on the CPU (see `save_random_model`)."""
+    return save_random_model(directory, "gpt2", config_kwargs, seed)
 
 
 def load_recurrent(architecture: str, kind: str) -> tuple[LoadedModel, str]:

@@ -1,7 +1,8 @@
 """What machine ran the benchmark, and the two limits its figures are compared with.
 
 Peak FLOP/s and read bandwidth are measured in the same run as the engine, so a busy or
-throttled machine lowers the limits and the measured speeds together.
+throttled machine lowers the limits and the measured speeds together. Read bandwidth is
+measured on the CPU or on a GPU (its own memory), whichever holds the weights.
 """
 
 from __future__ import annotations
@@ -24,6 +25,23 @@ def describe_machine() -> dict:
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()}",
     }
+
+
+def describe_device(device: torch.device) -> dict:
+    """The accelerator the models run on (nothing beyond the type for the CPU, which describe_machine covers)."""
+    if device.type != "cuda":
+        return {"type": device.type}
+    p = torch.cuda.get_device_properties(device)
+    return {
+        "type": "cuda", "name": p.name, "memory_bytes": p.total_memory, "capability": f"{p.major}.{p.minor}",
+        "multiprocessors": p.multi_processor_count, "cuda": torch.version.cuda,
+    }
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work: a GPU's kernels run after the call that launched them returns."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def load_average() -> list[float]:
@@ -52,8 +70,15 @@ def matmul_flops(n: int, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def read_bandwidth(num_bytes: int, repeats: int) -> float:
-    """Bytes/s of summing a float32 tensor far larger than the caches: the floor of a weight-bound decode step."""
-    x = torch.ones(num_bytes // 4)
-    seconds = best_seconds(lambda: x.sum(), repeats)
+def read_bandwidth(num_bytes: int, repeats: int, device: str | torch.device = "cpu") -> float:
+    """Bytes/s of summing a float32 tensor far larger than the caches, in `device`'s memory: the floor of a
+    weight-bound decode step."""
+    device = torch.device(device)
+    x = torch.ones(num_bytes // 4, device=device)
+
+    def read():
+        x.sum()
+        synchronize(device)
+
+    seconds = best_seconds(read, repeats)
     return x.numel() * 4 / seconds

@@ -73,14 +73,15 @@ def server_config(s: HttpBenchSettings, loaded: LoadedModel, model_spec: str,
     )
 
 
-async def _send(url: str, warm: list[BenchRequest], requests: list[BenchRequest], s: HttpBenchSettings,
-                progress: bool) -> RunResult:
+async def send_workload(url: str, warm: list[BenchRequest], requests: list[BenchRequest], concurrency: int,
+                        duration: float, progress: bool) -> RunResult:
+    """The warm-up requests, then the timed ones, streamed with `concurrency` in flight; all must succeed."""
     if warm:
-        result = await run_workload(url, warm, concurrency=min(len(warm), s.concurrency), rate=None, stream=True,
-                                    ignore_eos=True, duration=s.duration, progress=False, label="warm-up")
+        result = await run_workload(url, warm, concurrency=min(len(warm), concurrency), rate=None, stream=True,
+                                    ignore_eos=True, duration=duration, progress=False, label="warm-up")
         _require_all_ok(result, "warm-up")
-    result = await run_workload(url, requests, concurrency=s.concurrency, rate=None, stream=True, ignore_eos=True,
-                                duration=s.duration, progress=progress, label=f"HTTP, concurrency {s.concurrency}")
+    result = await run_workload(url, requests, concurrency=concurrency, rate=None, stream=True, ignore_eos=True,
+                                duration=duration, progress=progress, label=f"HTTP, concurrency {concurrency}")
     _require_all_ok(result, "the timed run")
     return result
 
@@ -140,7 +141,8 @@ def run(s: HttpBenchSettings, model: str | None = None, device: str = "cpu", dty
         log(f"starting the server: {' '.join(command)}")
         with running_server(server, s.ready_timeout, threads) as url:
             log(f"sending {len(requests)} requests over HTTP, {s.concurrency} at a time ...")
-            summary = load_report.summarize(asyncio.run(_send(url, warm, requests, s, progress)))
+            summary = load_report.summarize(
+                asyncio.run(send_workload(url, warm, requests, s.concurrency, s.duration, progress)))
         engine_run, static, serial = _in_process(s, loaded, hf_model, server, timed, warm_ids, log)
 
     machine["load_average_end"] = load_average()

@@ -1,12 +1,15 @@
 """`quill serve` in a child process on a free loopback port: started, waited for until ready, stopped.
 
 The server is the real one, started the way a user starts it; its settings come from a
-`ServerConfig`, so an in-process engine can be built from the very same object. Its output goes
-to a temporary file (a chatty server never blocks on a full pipe) and is shown if it fails to start.
+`ServerConfig`, so an in-process engine can be built from the very same object. Further flags
+(`extra_args`) go to the server as they are, after being read into that object by the server's own
+parser, so both sides see them. Its output goes to a temporary file (a chatty server never blocks
+on a full pipe) and is shown if it fails to start.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -17,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from clients.ready import wait_until_ready
-from server.config import ServerConfig
+from server.config import ServerConfig, add_serve_arguments, config_from_args
 
 
 def free_port() -> int:
@@ -40,6 +43,34 @@ def serve_command(config: ServerConfig) -> list[str]:
     return args
 
 
+@contextmanager
+def _without_quill_env() -> Iterator[None]:
+    """QUILL_* variables hidden: they are the server parser's defaults, and the server never sees them."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("QUILL_")}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def with_serve_args(config: ServerConfig, extra_args: list[str]) -> ServerConfig:
+    """`config` with `quill serve` flags applied on top (later flags win, as on the command line).
+
+    A flag this server does not know is an error here, before any model loads."""
+    if not extra_args:
+        return config
+    with _without_quill_env():
+        parser = argparse.ArgumentParser(prog="quill serve", exit_on_error=False)
+        add_serve_arguments(parser)
+    try:
+        args, unknown = parser.parse_known_args(serve_command(config)[4:] + list(extra_args))
+    except argparse.ArgumentError as e:
+        raise ValueError(f"server arguments {extra_args}: {e}") from None
+    if unknown:
+        raise ValueError(f"quill serve has no flag {' '.join(unknown)}")
+    return config_from_args(args)
+
+
 def _stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)  # drains: nothing is in flight by now, so it exits at once
@@ -51,18 +82,21 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextmanager
-def running_server(config: ServerConfig, ready_timeout: float, threads: int | None = None) -> Iterator[str]:
+def running_server(config: ServerConfig, ready_timeout: float, threads: int | None = None,
+                   extra_args: list[str] = ()) -> Iterator[str]:
     """Yields the server's URL once /ready answers 200; stops the server on the way out.
 
     QUILL_* variables of this environment are not passed on: flags set everything, and a stray
-    QUILL_API_KEY would lock the benchmark's own requests out. `threads` sets OMP_NUM_THREADS.
+    QUILL_API_KEY would lock the benchmark's own requests out. `threads` sets OMP_NUM_THREADS;
+    `extra_args` are appended to the command (see `with_serve_args`).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUILL_")}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     url = f"http://{config.host}:{config.port}"
     with tempfile.TemporaryFile(mode="w+") as log:
-        process = subprocess.Popen(serve_command(config), stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+        process = subprocess.Popen(serve_command(config) + list(extra_args), stdout=log, stderr=subprocess.STDOUT,
+                                   text=True, env=env)
         try:
             try:
                 wait_until_ready(url, ready_timeout, interval=0.2, still_starting=lambda: process.poll() is None)

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Everything a GPU machine is needed for, in one command run from the repository's root on it:
+#
+#   bash benchmarks/gpu_session.sh                                    # CUDA tests, then gpt2 and llama3.2-1b
+#   STAGES=bench SHAPES=llama3-8b bash benchmarks/gpu_session.sh      # the 8B shape alone
+#
+# 1. installs the wheels in .whl/ (packages the machine lacks), offline, if there are any
+# 2. writes the versions of what runs (Python, torch, CUDA, triton, transformers, the GPU) to $OUT/versions.txt
+# 3. tests: QUILL_TEST_DEVICE=cuda pytest over $TESTS (tests/conftest.py); log and JUnit XML under $OUT
+# 4. bench: `python -m benchmarks.gpu_bench` once per shape; its JSON (rewritten after every figure), log and
+#    decode-step traces under $OUT; then $OUT/gpu_table.md from every JSON there
+#
+# Every stage has a time limit, and all of them together $BUDGET seconds, so a stage that hangs leaves the
+# others' files. At its limit a stage gets SIGTERM, which its Python turns into KeyboardInterrupt
+# (benchmarks/interruptible.py): pytest still writes its report, and the benchmark stops its server and
+# deletes its checkpoint (SIGKILL 30 s later).
+#
+# Environment, with defaults: OUT=runs/gpu  STAGES="tests bench"  SHAPES="gpt2 llama3.2-1b"  PARTS=(all)
+# DEVICE=cuda  DTYPE=bfloat16  TESTS="tests/models tests/server"  BUDGET=570  TESTS_TIMEOUT=240
+# SHAPE_TIMEOUT=420  BENCH_ARGS=(more gpu_bench flags, e.g. "--server-arg=--attention-backend=sdpa")  PYTHON=python3
+# (DEVICE=cpu DTYPE=float32 BENCH_ARGS=--smoke runs the whole script on a machine without a GPU, in a minute.)
+set -uo pipefail
+
+OUT=${OUT:-runs/gpu}
+STAGES=${STAGES:-tests bench}
+SHAPES=${SHAPES:-gpt2 llama3.2-1b}
+PARTS=${PARTS:-}
+DEVICE=${DEVICE:-cuda}
+DTYPE=${DTYPE:-bfloat16}
+TESTS=${TESTS:-tests/models tests/server}
+BUDGET=${BUDGET:-570}
+TESTS_TIMEOUT=${TESTS_TIMEOUT:-240}
+SHAPE_TIMEOUT=${SHAPE_TIMEOUT:-420}
+BENCH_ARGS=${BENCH_ARGS:-}
+PYTHON=${PYTHON:-python3}
+
+start=$SECONDS
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+
+# bounded LIMIT LOG NAME COMMAND...: COMMAND with at most LIMIT seconds (less if the budget has less left),
+# its output into LOG; then its exit status and the last lines of LOG.
+bounded() {
+  local limit=$1 log=$2 name=$3
+  shift 3
+  local left=$(( BUDGET - (SECONDS - start) - 5 ))
+  (( limit > left )) && limit=$left
+  if (( limit < 20 )); then
+    echo "== $name: skipped, ${left}s of the budget left" | tee "$log"
+    return 124
+  fi
+  echo "== $name (at most ${limit}s): ${*:2}"
+  local began=$SECONDS
+  timeout --signal=TERM --kill-after=30 "$limit" "$@" > "$log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc after $(( SECONDS - began ))s; the end of $log:"
+  tail -n 30 "$log"
+  return $rc
+}
+
+status=()
+
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+
+{
+  "$PYTHON" - <<'PY'
+import importlib, platform, torch
+print("python", platform.python_version(), "| torch", torch.__version__, "| CUDA", torch.version.cuda,
+      "| available:", torch.cuda.is_available())
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("GPU:", p.name, f"{p.total_memory / 2**30:.0f} GiB", f"capability {p.major}.{p.minor}")
+for name in ("triton", "transformers", "tokenizers", "fastapi", "uvicorn", "pydantic", "httpx", "openai"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except ImportError:
+        print(name, "MISSING")
+PY
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+} | tee "$OUT/versions.txt"
+
+if [[ " $STAGES " == *" tests "* ]]; then
+  # shellcheck disable=SC2086  # TESTS is a list of paths
+  bounded "$TESTS_TIMEOUT" "$OUT/tests-cuda.log" tests env QUILL_TEST_DEVICE="$DEVICE" \
+    "$PYTHON" -m benchmarks.interruptible pytest -q -p no:cacheprovider --continue-on-collection-errors -rfE \
+    --durations=15 --junitxml="$OUT/tests-cuda.xml" $TESTS
+  status+=("tests: exit $?")
+fi
+
+if [[ " $STAGES " == *" bench "* ]]; then
+  for shape in $SHAPES; do
+    # shellcheck disable=SC2086  # PARTS and BENCH_ARGS are lists of words
+    bounded "$SHAPE_TIMEOUT" "$OUT/gpu_bench-$shape.log" "$shape" \
+      "$PYTHON" -m benchmarks.interruptible benchmarks.gpu_bench --device "$DEVICE" --dtype "$DTYPE" \
+      --shapes "$shape" ${PARTS:+--parts $PARTS} --no-progress --out "$OUT/gpu_bench-$shape.json" \
+      --trace-dir "$OUT/traces" $BENCH_ARGS
+    status+=("$shape: exit $?")
+  done
+  if compgen -G "$OUT/gpu_bench-*.json" > /dev/null; then
+    "$PYTHON" -m benchmarks.gpu_report "$OUT"/gpu_bench-*.json > "$OUT/gpu_table.md" 2>&1
+    cat "$OUT/gpu_table.md"
+  fi
+fi
+
+echo "== after $(( SECONDS - start ))s:"
+failed=0
+for line in "${status[@]}"; do
+  echo "   $line"
+  [[ $line == *"exit 0" ]] || failed=1
+done
+exit $failed
