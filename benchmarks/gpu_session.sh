@@ -16,7 +16,8 @@
 # deletes its checkpoint (SIGKILL 30 s later).
 #
 # Environment, with defaults: OUT=runs/gpu  STAGES="tests bench"  SHAPES="gpt2 llama3.2-1b"  PARTS=(all)
-# DEVICE=cuda  DTYPE=bfloat16  TESTS="tests/models tests/server"  BUDGET=570  TESTS_TIMEOUT=240
+# DEVICE=cuda  DTYPE=bfloat16  TESTS="tests/models tests/server"  TEST_WORKERS=0 (pytest-xdist processes, if its
+# wheel is in .whl/)  BUDGET=570  TESTS_TIMEOUT=240
 # SHAPE_TIMEOUT=420  BENCH_ARGS=(more gpu_bench flags, e.g. "--server-arg=--attention-backend=sdpa")  PYTHON=python3
 # (DEVICE=cpu DTYPE=float32 BENCH_ARGS=--smoke runs the whole script on a machine without a GPU, in a minute.)
 set -uo pipefail
@@ -29,6 +30,7 @@ DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}
 TESTS=${TESTS:-tests/models tests/server}
 BUDGET=${BUDGET:-570}
+TEST_WORKERS=${TEST_WORKERS:-0}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-240}
 SHAPE_TIMEOUT=${SHAPE_TIMEOUT:-420}
 BENCH_ARGS=${BENCH_ARGS:-}
@@ -86,10 +88,12 @@ PY
 } | tee "$OUT/versions.txt"
 
 if [[ " $STAGES " == *" tests "* ]]; then
+  workers=()
+  (( TEST_WORKERS > 0 )) && workers=(-n "$TEST_WORKERS")
   # shellcheck disable=SC2086  # TESTS is a list of paths
   bounded "$TESTS_TIMEOUT" "$OUT/tests-cuda.log" tests env QUILL_TEST_DEVICE="$DEVICE" \
     "$PYTHON" -m benchmarks.interruptible pytest -q -p no:cacheprovider --continue-on-collection-errors -rfE \
-    --durations=15 --junitxml="$OUT/tests-cuda.xml" $TESTS
+    --durations=15 --junitxml="$OUT/tests-cuda.xml" ${workers[@]+"${workers[@]}"} $TESTS
   status+=("tests: exit $?")
 fi
 

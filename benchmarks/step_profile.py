@@ -77,6 +77,8 @@ def summarize_trace(events: list[dict], num_steps: int, on_gpu: bool) -> dict:
     for e in kernels:
         time_by_name[e["name"]] += e["dur"]
         calls_by_name[e["name"]] += 1
+    if not kernels:
+        out["warning"] = "the trace holds no GPU kernels: the profiler could not trace the device (CUPTI)"
     return out | {
         "busy": "GPU time: kernels, copies and fills (the union of their intervals)",
         "busy_ms_per_step": busy_time(_spans(kernels + copies)) / num_steps / 1000,
