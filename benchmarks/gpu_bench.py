@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -78,23 +79,31 @@ class Recorder:
 
 
 @dataclass
+class RunOptions:
+    """How the run is done, beside what it measures (the settings)."""
+
+    server_args: list[str] = field(default_factory=list)  # `quill serve` flags, for the server and the engine
+    hf_batch_sizes: dict[str, int] = field(default_factory=dict)  # shape -> static batch size; else the shape's
+    tmp_dir: str | None = None  # where checkpoints are written; None: the system's temporary directory
+    trace_dir: Path | None = None  # where the profile part keeps its traces; None: nowhere
+    progress: bool = False  # a progress bar for the HTTP run
+    log: Callable[[str], None] = print
+
+
+@dataclass
 class ShapeRun:
     """What the parts of one shape share: the model Quill loaded, the requests, the server's settings."""
 
     name: str
     shape: Shape
     settings: GpuBenchSettings
+    options: RunOptions
     loaded: LoadedModel
     requests: list[BenchRequest]  # the timed workload, as sent over HTTP
     warm: list[BenchRequest]  # untimed warm-up requests on other prompts
     server: ServerConfig
-    server_args: list[str]
-    hf_batch_size: int
     recorder: Recorder
     figures: dict  # this shape's entry of the results
-    trace_dir: Path | None = None
-    progress: bool = False
-    log: object = print
     timed: list[TokenizedRequest] = field(init=False)
     warm_ids: list[TokenizedRequest] = field(init=False)
 
@@ -147,9 +156,8 @@ def batch1_part(r: ShapeRun) -> None:
     r.record("batch1", prompt_tokens=s.batch1_prompt_len, new_tokens=s.batch1_new_tokens, floor_ms_per_token=floor)
     engine = quill_runs.make_engine(r.loaded, requests, s.block_size, max_num_seqs=1)
     r.record("batch1", engine=_median_of_repeats(requests, lambda q: quill_runs.engine_decode(engine, q)))
-    del engine
-    r.record("batch1", step_loop=_median_of_repeats(requests, lambda q: quill_runs.step_loop(r.loaded, q,
-                                                                                           s.block_size)))
+    loop = _median_of_repeats(requests, lambda q: quill_runs.step_loop(r.loaded, q, s.block_size))
+    r.record("batch1", step_loop=loop)
 
 
 def profile_part(r: ShapeRun) -> None:
@@ -162,16 +170,18 @@ def profile_part(r: ShapeRun) -> None:
     cache = CacheConfig(block_size=s.block_size, num_blocks=quill_runs.blocks_needed(requests, s.block_size),
                         enable_prefix_caching=config.cache.enable_prefix_caching)
     engine = EngineCore(r.loaded, replace(config, scheduler=scheduler, cache=cache))
-    trace = r.trace_dir / f"{r.name}-decode-steps.json.gz" if r.trace_dir else None
+    trace_dir = r.options.trace_dir
+    trace = trace_dir / f"{r.name}-decode-steps.json.gz" if trace_dir else None
     r.record("profile", **profile_decode(engine, requests, s.profile_warm_steps, s.profile_steps, trace))
 
 
 def http_part(r: ShapeRun) -> None:
     s = r.settings
-    r.record("http", command=["python", *serve_command(r.server)[1:], *r.server_args])
-    with running_server(r.server, s.ready_timeout, extra_args=r.server_args) as url:
-        r.log(f"{r.name}: sending {len(r.requests)} requests over HTTP, {s.concurrency} at a time ...")
-        run = asyncio.run(send_workload(url, r.warm, r.requests, s.concurrency, s.duration, r.progress))
+    extra = r.options.server_args
+    r.record("http", command=["python", *serve_command(r.server)[1:], *extra])
+    with running_server(r.server, s.ready_timeout, extra_args=extra) as url:
+        r.options.log(f"{r.name}: sending {len(r.requests)} requests over HTTP, {s.concurrency} at a time ...")
+        run = asyncio.run(send_workload(url, r.warm, r.requests, s.concurrency, s.duration, r.options.progress))
     r.record("http", **load_report.summarize(run))
 
 
@@ -179,7 +189,8 @@ def hf_part(r: ShapeRun) -> None:
     hf_model, how = hf_model_for(r.loaded)
     r.record("hf", model=how, max_logit_difference=max_logit_difference(r.loaded, hf_model))
     pad = pad_token_id(r.loaded)
-    static = hf_runs.static_batches(hf_model, r.timed, r.hf_batch_size, pad)
+    batch_size = r.options.hf_batch_sizes.get(r.name, r.shape.hf_batch_size)
+    static = hf_runs.static_batches(hf_model, r.timed, batch_size, pad)
     r.record("hf", static=static.to_dict(computed_tokens_per_s=static.computed_tokens_per_s))
     r.record("hf", batch1=_median_of_repeats(_batch1_requests(r), lambda q: hf_runs.decode(hf_model, q, pad)))
 
@@ -212,36 +223,34 @@ def _server_config(s: GpuBenchSettings, loaded: LoadedModel, model_spec: str, re
     return with_serve_args(base, server_args)
 
 
-def run_shape(name: str, shape: Shape, s: GpuBenchSettings, parts: list[str], device: torch.device,
-              dtype: torch.dtype, recorder: Recorder, options: dict, log) -> None:
+def run_shape(name: str, s: GpuBenchSettings, parts: list[str], device: torch.device, dtype: torch.dtype,
+              recorder: Recorder, options: RunOptions) -> None:
     """Build the shape's checkpoint, then run `parts` on it; a part's failure is recorded, the next one runs."""
+    shape, log = s.shapes[name], options.log
     figures = recorder.results["shapes"].setdefault(name, {"errors": {}, "part_seconds": {}})
-    with tempfile.TemporaryDirectory(prefix=f"quill-gpu-bench-{name}-", dir=options["tmp_dir"]) as tmp:
+    # The server reads the attention backend from its flags; the in-process model is loaded with the same.
+    attention_backend = with_serve_args(ServerConfig(cache_bytes=1), options.server_args).attention_backend
+    with tempfile.TemporaryDirectory(prefix=f"quill-gpu-bench-{name}-", dir=options.tmp_dir) as tmp:
         log(f"{name}: making random weights ({shape.description}) on {device} and saving them ...")
         start = time.perf_counter()
         save_random_model(Path(tmp), shape.family, shape.config, seed=s.seed, device=device, dtype=dtype)
         _free_memory(device)  # the model it made, once saved
-        loaded = load_checkpoint(tmp, device=device, dtype=dtype, name=name,
-                                 attention_backend=options["attention_backend"])
+        loaded = load_checkpoint(tmp, device=device, dtype=dtype, name=name, attention_backend=attention_backend)
         figures["model"] = describe_model(loaded, f"random weights, {shape.family} family") | {
             "description": shape.description, "family": shape.family, "config": shape.config,
             "decode_read_bytes": decode_read_bytes(loaded.model), "attention_backend": loaded.model.attention_backend,
         }
         figures["part_seconds"]["checkpoint"] = time.perf_counter() - start
-        spec = _spec(s, name)
-        requests = build_requests(spec, {name: _target(loaded)})
-        warm = build_requests(replace(spec, num_requests=s.warmup_requests, max_tokens=(2, 4)), {name: _target(loaded)},
-                              salt=1) if s.warmup_requests else []
+        spec, target = _spec(s, name), {name: _target(loaded)}
+        requests = build_requests(spec, target)
+        warm_spec = replace(spec, num_requests=s.warmup_requests, max_tokens=(2, 4))
+        warm = build_requests(warm_spec, target, salt=1) if s.warmup_requests else []
         server = _server_config(s, loaded, f"{name}={tmp}", tokenize(requests) + tokenize(warm, tag="w"),
-                                options["server_args"])
+                                options.server_args)
         figures["workload"] = spec.describe() | {"concurrency": s.concurrency}
-        run = ShapeRun(name, shape, s, loaded, requests, warm, server, options["server_args"],
-                       options["hf_batch_sizes"].get(name, shape.hf_batch_size), recorder, figures,
-                       options["trace_dir"], options["progress"], log)
+        run = ShapeRun(name, shape, s, options, loaded, requests, warm, server, recorder, figures)
         recorder.save()
-        for part in PARTS:
-            if part not in parts:
-                continue
+        for part in (p for p in PARTS if p in parts):
             log(f"{name}: {part} ...")
             start = time.perf_counter()
             try:
@@ -259,42 +268,40 @@ def run_shape(name: str, shape: Shape, s: GpuBenchSettings, parts: list[str], de
 
 
 def run(s: GpuBenchSettings, shapes: list[str], parts: list[str], device: str = "auto", dtype: str = "auto",
-        out: Path | None = None, server_args: list[str] = (), hf_batch_sizes: dict[str, int] | None = None,
-        tmp_dir: str | None = None, trace_dir: Path | None = None, progress: bool = False, log=print) -> dict:
+        out: Path | None = None, options: RunOptions | None = None) -> dict:
     """The whole benchmark (see the module docstring); returns every figure, JSON-ready."""
+    import transformers
+
+    options = options or RunOptions()
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     unknown = [name for name in shapes if name not in s.shapes]
     if unknown:
         raise ValueError(f"unknown shapes {unknown} (known: {', '.join(s.shapes)})")
-    # A flag the server does not know fails here, at once; the in-process model reads its attention backend too.
-    attention_backend = with_serve_args(ServerConfig(cache_bytes=1), list(server_args)).attention_backend
-    import transformers
-
+    with_serve_args(ServerConfig(cache_bytes=1), options.server_args)  # a flag the server lacks fails at once
     machine = describe_machine() | {"load_average": load_average(), "transformers": transformers.__version__}
     results = {
         "benchmark": "gpu_bench", "preset": s.name, "command": sys.argv, "device": describe_device(device),
-        "dtype": str(dtype).removeprefix("torch."), "machine": machine, "server_args": list(server_args),
+        "dtype": str(dtype).removeprefix("torch."), "machine": machine, "server_args": options.server_args,
         "settings": asdict(replace(s, shapes={k: v for k, v in s.shapes.items() if k in shapes})),
         "parts": [p for p in PARTS if p in parts], "shapes": {},
     }
     recorder = Recorder(results, out)
-    log(f"measuring read bandwidth on {device} ...")
+    options.log(f"measuring read bandwidth on {device} ...")
     results["limits"] = {"read_bandwidth": read_bandwidth(s.bandwidth_bytes, s.bandwidth_repeats, device),
                          "bandwidth_bytes": s.bandwidth_bytes, "bandwidth_repeats": s.bandwidth_repeats,
                          "bandwidth_how": "best of the repeats: sum of a float32 tensor in the device's memory"}
     recorder.save()
-    options = {"tmp_dir": tmp_dir, "server_args": list(server_args), "hf_batch_sizes": hf_batch_sizes or {},
-               "trace_dir": trace_dir, "progress": progress, "attention_backend": attention_backend}
     for name in shapes:
         try:
-            run_shape(name, s.shapes[name], s, parts, device, dtype, recorder, options, log)
+            run_shape(name, s, parts, device, dtype, recorder, options)
         except Exception:
             results["shapes"].setdefault(name, {"errors": {}})["errors"]["setup"] = traceback.format_exc()
-            log(f"{name}: FAILED before its parts:\n{results['shapes'][name]['errors']['setup']}")
+            options.log(f"{name}: FAILED before its parts:\n{results['shapes'][name]['errors']['setup']}")
         finally:
+            recorder.save()
             _free_memory(device)
-        log("\n".join(gpu_report.render_shape(name, results["shapes"][name])))
+        options.log("\n".join(gpu_report.render_shape(name, results["shapes"][name])))
     machine["load_average_end"] = load_average()
     recorder.save()
     return results
@@ -342,8 +349,8 @@ def main(argv: list[str] | None = None) -> dict:
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     server_args = [a for chunk in args.server_arg for a in shlex.split(chunk)]
     sizes = parse_hf_batch_sizes(args.hf_batch_size, args.shapes) if args.hf_batch_size else {}
-    results = run(PRESETS[args.preset], args.shapes, args.parts, args.device, args.dtype, args.out, server_args,
-                  sizes, args.tmp_dir, args.trace_dir, args.progress, log)
+    options = RunOptions(server_args, sizes, args.tmp_dir, args.trace_dir, args.progress, log)
+    results = run(PRESETS[args.preset], args.shapes, args.parts, args.device, args.dtype, args.out, options)
     print(gpu_report.render(results))
     if args.out:
         log(f"wrote {args.out}")

@@ -20,7 +20,6 @@ from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from server.engine.core import EngineCore

@@ -20,6 +20,10 @@ from models.registry import ARCHITECTURES
 from server.config import ServerConfig
 
 
+def quiet(message: str) -> None:
+    pass
+
+
 @pytest.fixture(autouse=True)
 def one_thread():
     """One torch thread: on a machine shared with other jobs, two spinning threads can take 10x longer."""
@@ -82,8 +86,8 @@ def test_server_args_reach_the_in_process_model_and_a_failing_part_leaves_the_ot
 
     monkeypatch.setitem(gpu_bench.PARTS, "batch1", broken)
     out = tmp_path / "gpu.json"
-    results = gpu_bench.run(SMOKE, ["gpt2"], ["batch1", "profile"], out=out, log=lambda _: None,
-                            server_args=["--attention-backend=sdpa", "--max-num-batched-tokens", "512"])
+    options = gpu_bench.RunOptions(["--attention-backend=sdpa", "--max-num-batched-tokens", "512"], log=quiet)
+    results = gpu_bench.run(SMOKE, ["gpt2"], ["batch1", "profile"], out=out, options=options)
     shape = json.loads(out.read_text())["shapes"]["gpt2"]
     assert shape["model"]["attention_backend"] == "sdpa"
     assert "this part broke" in shape["errors"]["batch1"] and set(shape["errors"]) == {"batch1"}
@@ -100,7 +104,8 @@ def test_a_stopped_part_is_recorded_with_what_came_before(tmp_path, monkeypatch)
     monkeypatch.setitem(gpu_bench.PARTS, "batch1", stopped)
     out = tmp_path / "gpu.json"
     with pytest.raises(KeyboardInterrupt):
-        gpu_bench.run(SMOKE, ["llama3.2-1b", "gpt2"], ["engine", "batch1"], out=out, log=lambda _: None)
+        gpu_bench.run(SMOKE, ["llama3.2-1b", "gpt2"], ["engine", "batch1"], out=out,
+                      options=gpu_bench.RunOptions(log=quiet))
     results = json.loads(out.read_text())
     shape = results["shapes"]["llama3.2-1b"]
     assert shape["engine"]["generated_tokens"] > 0 and shape["batch1"] == {"floor_ms_per_token": 1.0}
@@ -109,9 +114,9 @@ def test_a_stopped_part_is_recorded_with_what_came_before(tmp_path, monkeypatch)
 
 def test_unknown_server_flags_and_shapes_fail_before_anything_runs():
     with pytest.raises(ValueError, match="no flag --no-such-flag"):
-        gpu_bench.run(SMOKE, ["gpt2"], ["engine"], server_args=["--no-such-flag"], log=lambda _: None)
+        gpu_bench.run(SMOKE, ["gpt2"], ["engine"], options=gpu_bench.RunOptions(["--no-such-flag"], log=quiet))
     with pytest.raises(ValueError, match="unknown shapes"):
-        gpu_bench.run(SMOKE, ["gpt5"], ["engine"], log=lambda _: None)
+        gpu_bench.run(SMOKE, ["gpt5"], ["engine"], options=gpu_bench.RunOptions(log=quiet))
     with pytest.raises(ValueError, match="max-num-seqs"):
         with_serve_args(ServerConfig(cache_bytes=1), ["--max-num-seqs", "many"])
 
