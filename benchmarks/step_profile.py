@@ -28,7 +28,10 @@ from .hardware import synchronize
 from .quill_runs import sampling_params
 from .tokenized import TokenizedRequest
 
-DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # trace categories of work a GPU did itself
+# Chrome-trace categories, lower-cased (older Kineto writes "Kernel", "Memcpy", "Operator").
+KERNELS = {"kernel"}
+COPIES = {"gpu_memcpy", "gpu_memset", "memcpy", "memset"}  # copies and fills the GPU did itself
+HOST_OPS = {"cpu_op", "operator"}
 TOP_KERNELS = 12  # kernels listed by their time
 
 
@@ -58,9 +61,10 @@ def _spans(events: list[dict]) -> list[tuple[float, float]]:
 def summarize_trace(events: list[dict], num_steps: int, on_gpu: bool) -> dict:
     """Per-step figures from a Chrome trace's events (times in microseconds) covering `num_steps` steps."""
     complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    category = lambda e: str(e.get("cat", "")).lower()  # noqa: E731
     by_thread = defaultdict(list)
     for e in complete:
-        if e.get("cat") == "cpu_op":
+        if category(e) in HOST_OPS:
             by_thread[(e.get("pid"), e.get("tid"))].append((e["ts"], e["ts"] + e["dur"]))
     top_ops = [iv for spans in by_thread.values() for iv in outermost(spans)]
     out = {
@@ -70,8 +74,8 @@ def summarize_trace(events: list[dict], num_steps: int, on_gpu: bool) -> dict:
     if not on_gpu:
         return out | {"busy": "CPU time inside torch operators (no device kernels on the CPU)",
                       "busy_ms_per_step": out["cpu_op_ms_per_step"]}
-    kernels = [e for e in complete if e.get("cat") == "kernel"]
-    copies = [e for e in complete if e.get("cat") in DEVICE_WORK[1:]]
+    kernels = [e for e in complete if category(e) in KERNELS]
+    copies = [e for e in complete if category(e) in COPIES]
     time_by_name, calls_by_name = Counter(), Counter()
     for e in kernels:
         time_by_name[e["name"]] += e["dur"]

@@ -175,7 +175,7 @@ def test_a_gpu_trace_gives_kernel_time_launches_and_busy_time_per_step():
         _event("cpu_op", "aten::add", 100, 10),
         _event("kernel", "gemm", 0, 400, tid=7), _event("kernel", "gemm", 1000, 400, tid=7),
         _event("kernel", "attn", 200, 400, tid=8),  # another stream, overlapping the first gemm by 200 us
-        _event("gpu_memcpy", "Memcpy DtoH", 1500, 100, tid=7),
+        _event("Memcpy", "Memcpy DtoH", 1500, 100, tid=7),  # an older profiler's category
         {"ph": "i", "cat": "kernel", "name": "not a span", "ts": 5},
     ]
     s = summarize_trace(events, num_steps=2, on_gpu=True)
@@ -185,7 +185,9 @@ def test_a_gpu_trace_gives_kernel_time_launches_and_busy_time_per_step():
     assert s["busy_ms_per_step"] == pytest.approx((600 + 400 + 100) / 2 / 1000)  # overlap counted once
     assert s["cpu_ops_per_step"] == 1.0 and s["cpu_op_ms_per_step"] == pytest.approx(60 / 2 / 1000)
     assert s["top_kernels"][0] == {"name": "gemm", "ms_per_step": 0.4, "calls_per_step": 1.0}
-    assert s["busy"].startswith("GPU time")
+    assert s["busy"].startswith("GPU time") and "warning" not in s
+    blind = summarize_trace([_event("cpu_op", "aten::mm", 0, 50)], num_steps=1, on_gpu=True)
+    assert blind["kernels_per_step"] == 0 and "no GPU kernels" in blind["warning"]  # said, not hidden
 
 
 def test_a_cpu_trace_reports_cpu_time_never_gpu_time():
