@@ -52,7 +52,8 @@ class CudaGraphs:
                 step()
         current.wait_stream(self.stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+        # thread_local: CUDA work of other threads (another model's engine) does not spoil this capture.
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
             output = step()
         return _CudaReplay(graph, output)
 
