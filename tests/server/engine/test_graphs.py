@@ -115,7 +115,11 @@ def test_graphs_with_the_triton_backend_give_the_eager_answers(tiny_tokenizer):
         loaded.model.attention_backend = "triton"
         return loaded
 
-    arrivals = ARRIVALS[:3]  # greedy, seeded sampling, beams: the interpreter is slow
+    arrivals = [  # greedy, seeded sampling, beams, kept short: the interpreter is slow
+        (0, "greedy", [3, 4, 5, 6, 7], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)),
+        (0, "seeded", [3, 4, 20], SamplingParams(max_tokens=2, temperature=0.9, seed=11, ignore_eos=True)),
+        (1, "beam", [40, 41], SamplingParams(max_tokens=2, use_beam_search=True, beam_width=2, ignore_eos=True)),
+    ]
     expected = run_arrivals(make_engine(triton_model(), graphs=False), arrivals)
     engine = make_engine(triton_model(), graphs=True, max_num_seqs=4)
     assert engine.state.attention.name == "triton"
