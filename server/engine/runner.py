@@ -2,7 +2,8 @@
 
 A step (1) applies the cache managers' device work (block copies, slot copies and resets),
 (2) packs the scheduled tokens into persistent, max-sized input buffers (one host-to-device copy
-per field), (3) runs the model, (4) on the device: samples a token for every sequence whose
+per field), (3) runs the model, or for a decode-only step replays the CUDA graph captured for its
+batch size (`capture_graphs`), (4) on the device: samples a token for every sequence whose
 tokens are now all computed, ranks the candidates of every beam request with one top-k, and
 scores prompt tokens for requests that asked, and (5) brings everything the host needs back in
 a single device-to-host copy.
