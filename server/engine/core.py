@@ -73,29 +73,32 @@ class EngineCore:
             graph_capture = None
         elif graph_capture is None and loaded.device.type == "cuda":
             graph_capture = CudaGraphs(loaded.device)
-        graph_sizes = graph_batch_sizes(sched_cfg.max_num_seqs, sched_cfg.max_num_batched_tokens) if graph_capture else []
-        scratch = 1 if graph_capture else 0  # a block or slot past those the cache manager hands out: graphs' padding
+        graph_sizes = []
+        if graph_capture is not None:
+            graph_sizes = graph_batch_sizes(sched_cfg.max_num_seqs, sched_cfg.max_num_batched_tokens)
+        # Graphs' padding rows write to one block or slot past those the cache manager hands out.
+        spare = int(graph_capture is not None)
         if model.state_kind == "paged_kv":
             probe = model.new_state(1, block_size=cache_cfg.block_size)
             num_blocks = cache_cfg.num_blocks or max(1, choose_cache_bytes(
                 model, cache_cfg.cache_bytes, cache_cfg.gpu_memory_utilization, cache_cfg.block_size,
                 sched_cfg.max_num_batched_tokens, max_model_len or loaded.max_seq_len, max(graph_sizes, default=0),
             ) // probe.bytes_per_block)
-            self.state = model.new_state(num_blocks + scratch, block_size=cache_cfg.block_size)
+            self.state = model.new_state(num_blocks + spare, block_size=cache_cfg.block_size)
             self.cache = KVBlockManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
-            scratch_index = num_blocks
+            scratch = num_blocks
         else:
             num_slots = sched_cfg.max_num_seqs * (1 + cache_cfg.snapshots_per_seq)
-            self.state = model.new_state(num_slots + scratch)
+            self.state = model.new_state(num_slots + spare)
             self.cache = StateSlotManager(num_slots, sched_cfg.max_num_seqs, cache_cfg.block_size,
                                           cache_cfg.enable_prefix_caching)
-            scratch_index = num_slots
+            scratch = num_slots
         self.scheduler = Scheduler(sched_cfg, self.cache)
         self.runner = ModelRunner(loaded, self.state, self.cache, sched_cfg.max_num_seqs,
                                   sched_cfg.max_num_batched_tokens, max_model_len or loaded.max_seq_len)
         self.graph_bytes = 0  # device memory the captured graphs hold
         if graph_capture is not None:
-            self._capture_graphs(graph_capture, graph_sizes, scratch_index)
+            self._capture_graphs(graph_capture, graph_sizes, scratch)
         self.outputs = OutputProcessor(self.tokenizer, loaded.eos_token_ids)
         self.groups: dict[str, SequenceGroup] = {}
         self._seq_ids = itertools.count()
