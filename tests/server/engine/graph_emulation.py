@@ -1,11 +1,12 @@
 """CUDA graphs emulated on any device: the `GraphCapture` contract without torch.cuda.graph.
 
 `EmulatedGraphs.capture` runs the step once (the warm-up), then once more under `HostSyncGuard`, which
-refuses what a CUDA stream being captured cannot do; a replay runs the step again and copies its result
-into the output tensor kept from capture, as a graph writes into the memory it captured. So the runner's
-graph path (its buckets, padding, fixed views of its persistent buffers) runs unchanged on the CPU: a
-step that read anything but those buffers' contents per step would go stale under a real graph, and the
-eager-vs-graph comparisons built on this would see it.
+refuses what a CUDA stream being captured cannot do or would freeze into the graph (reading a device
+value on the host, making a tensor of host data); a replay runs the step again and copies its result
+into the output tensor kept from capture, as a graph writes into the memory it captured. The runner's
+graph path (buckets, padding, the bucket's fixed step over views of its persistent buffers) runs
+unchanged, so comparing its answers with the eager engine's checks everything but the capture itself.
+What the guard cannot see: `.tolist()` and `.cpu()` (no operator to catch on a CPU).
 """
 
 from __future__ import annotations
