@@ -262,8 +262,9 @@ class TransformerLanguageModel(nn.Module):
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor):
         x = self.embed(tokens)
         if self.config.embed_scale != 1.0:
-            # The scale is rounded to the weights' dtype first, as Gemma's reference does.
-            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype, device=x.device)
+            # The scale is rounded to the weights' dtype first, as Gemma's reference does (filled on the
+            # device, not copied from the host: a CUDA graph can capture a fill).
+            x = x * x.new_full((), self.config.embed_scale)
         if self.pos_embed is not None:
             x = x + self.pos_embed(positions)
             return x, None

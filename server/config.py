@@ -40,6 +40,7 @@ class ServerConfig:
     max_tokens_limit: int = 4096  # largest max_tokens a request may ask for
     drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
     enable_prefix_caching: bool = True
+    enforce_eager: bool = False  # no CUDA graphs: every step runs eagerly (the CPU always does)
     log_prompts: bool = False  # request logs carry token counts only unless asked
     threads: int | str | None = None  # torch CPU threads per model's steps; None: torch's; "auto": re-picked under load
 
@@ -136,6 +137,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     arg("--threads", _thread_count, d.threads, "torch CPU threads for each model's steps: a number, or 'auto' to "
         "pick them from measured steps and re-pick when other work takes a core (default: torch's choice)")
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help="disable prefix caching")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="never replay decode steps as CUDA graphs (on CUDA they are captured at startup for "
+                        "batches of 1, 2, 4, 8, then every 16 up to --max-num-seqs sequences)")
     p.add_argument("--log-prompts", action="store_true", help="include prompt text in request logs")
 
 

@@ -36,11 +36,13 @@ class PagedAttentionBackend(Protocol):
 def slot_mapping(batch: StepBatch, block_size: int) -> torch.Tensor:
     """(T,) flat cache slot (block * block_size + offset) of each new token."""
     tables = batch.block_tables
-    seq_of_token = torch.repeat_interleave(
-        torch.arange(batch.num_seqs, device=tables.device),
-        torch.tensor(batch.query_lens, device=tables.device),
-        output_size=batch.num_tokens,  # known on the host: no device-to-host sync to size the output
-    )
+    seq_of_token = torch.arange(batch.num_seqs, device=tables.device)
+    if batch.max_query_len > 1:
+        seq_of_token = torch.repeat_interleave(
+            seq_of_token, torch.tensor(batch.query_lens, device=tables.device),
+            output_size=batch.num_tokens,  # known on the host: no device-to-host sync to size the output
+        )
+    # A decode step copies nothing from the host, so it can be captured in a CUDA graph.
     pos = batch.positions
     return tables[seq_of_token, pos // block_size] * block_size + pos % block_size
 

@@ -2,7 +2,8 @@
 
 Per step, `build` cuts each sequence's new tokens into query tiles on the host (the query lengths
 are host integers, so no device sync) and uploads them with the sequences' packed offsets in one
-copy. Per layer, `forward` writes the new K,V into their cache slots with one indexed copy per
+copy; a decode step's tiles (one per sequence) are made on the device instead, so it can be
+captured in a CUDA graph. Per layer, `forward` writes the new K,V into their cache slots with one indexed copy per
 tensor, then launches the kernel once for prefill chunks and decode tokens together.
 """
 
@@ -52,6 +53,8 @@ class TritonPagedAttention:
 
     @classmethod
     def build(cls, batch: StepBatch, block_size: int) -> "TritonPagedAttention":
+        if batch.max_query_len == 1:
+            return cls._build_decode(batch, block_size)
         lens = batch.query_lens
         block_q = 1 if batch.max_query_len == 1 else min(_next_power_of_2(batch.max_query_len), MAX_BLOCK_Q)
         tile_seqs: list[int] = []
@@ -71,6 +74,21 @@ class TritonPagedAttention:
             tile_seqs=packed[num_seqs + 1 : num_seqs + 1 + num_tiles],
             tile_starts=packed[num_seqs + 1 + num_tiles :],
             block_q=block_q,
+        )
+
+    @classmethod
+    def _build_decode(cls, batch: StepBatch, block_size: int) -> "TritonPagedAttention":
+        """One token per sequence: a tile per sequence, made on the device with no copy from the host,
+        so a decode step can be captured in a CUDA graph."""
+        seq_starts = torch.arange(batch.num_seqs + 1, dtype=torch.int32, device=batch.positions.device)
+        return cls(
+            slot_mapping=slot_mapping(batch, block_size),
+            positions=batch.positions,
+            block_tables=batch.block_tables,
+            seq_starts=seq_starts,
+            tile_seqs=seq_starts[:-1],  # tile i is sequence i's only token
+            tile_starts=torch.zeros_like(seq_starts[:-1]),
+            block_q=1,
         )
 
     def forward(self, q, k, v, k_cache, v_cache) -> torch.Tensor:

@@ -9,12 +9,16 @@ purpose: `AsyncEngine` runs it on a thread of its own and feeds it requests and 
 from __future__ import annotations
 
 import itertools
+import logging
+import time
 from dataclasses import dataclass, field
 
 from models.checkpoint import LoadedModel
 from server.sampling import SamplingParams, new_generator
 
 from .beam_search import BeamSearch
+from .cuda_graphs import CudaGraphs, GraphCapture
+from .graph_buckets import graph_batch_sizes
 from .kv_blocks import KVBlockManager
 from .memory import choose_cache_bytes
 from .output_processor import OutputProcessor
@@ -23,6 +27,8 @@ from .runner import ModelRunner, StepResult
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import Sequence, SequenceGroup
 from .state_slots import StateSlotManager
+
+log = logging.getLogger("quill.engine")
 
 
 @dataclass
@@ -45,6 +51,7 @@ class CacheConfig:
 class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    enforce_eager: bool = False  # never replay decode steps as CUDA graphs (they are captured on CUDA only)
 
 
 @dataclass
@@ -55,31 +62,62 @@ class StepStats:
 
 
 class EngineCore:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, max_model_len: int | None = None):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, max_model_len: int | None = None,
+                 graph_capture: GraphCapture | None = None):
+        """`graph_capture`: how decode steps are captured as graphs; None: CUDA graphs on a CUDA device."""
         self.loaded = loaded
         self.config = config or EngineConfig()
         self.tokenizer = loaded.tokenizer
         model, cache_cfg, sched_cfg = loaded.model, self.config.cache, self.config.scheduler
+        if self.config.enforce_eager:
+            graph_capture = None
+        elif graph_capture is None and loaded.device.type == "cuda":
+            graph_capture = CudaGraphs(loaded.device)
+        graph_sizes = []
+        if graph_capture is not None:
+            graph_sizes = graph_batch_sizes(sched_cfg.max_num_seqs, sched_cfg.max_num_batched_tokens)
+        # Graphs' padding rows write to one block or slot past those the cache manager hands out.
+        spare = int(graph_capture is not None)
         if model.state_kind == "paged_kv":
             probe = model.new_state(1, block_size=cache_cfg.block_size)
             num_blocks = cache_cfg.num_blocks or max(1, choose_cache_bytes(
                 model, cache_cfg.cache_bytes, cache_cfg.gpu_memory_utilization, cache_cfg.block_size,
-                sched_cfg.max_num_batched_tokens, max_model_len or loaded.max_seq_len,
+                sched_cfg.max_num_batched_tokens, max_model_len or loaded.max_seq_len, max(graph_sizes, default=0),
             ) // probe.bytes_per_block)
-            self.state = model.new_state(num_blocks, block_size=cache_cfg.block_size)
+            self.state = model.new_state(num_blocks + spare, block_size=cache_cfg.block_size)
             self.cache = KVBlockManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
+            scratch = num_blocks
         else:
             num_slots = sched_cfg.max_num_seqs * (1 + cache_cfg.snapshots_per_seq)
-            self.state = model.new_state(num_slots)
+            self.state = model.new_state(num_slots + spare)
             self.cache = StateSlotManager(num_slots, sched_cfg.max_num_seqs, cache_cfg.block_size,
                                           cache_cfg.enable_prefix_caching)
+            scratch = num_slots
         self.scheduler = Scheduler(sched_cfg, self.cache)
         self.runner = ModelRunner(loaded, self.state, self.cache, sched_cfg.max_num_seqs,
                                   sched_cfg.max_num_batched_tokens, max_model_len or loaded.max_seq_len)
+        self.graph_bytes = 0  # device memory the captured graphs hold
+        if graph_capture is not None:
+            self._capture_graphs(graph_capture, graph_sizes, scratch)
         self.outputs = OutputProcessor(self.tokenizer, loaded.eos_token_ids)
         self.groups: dict[str, SequenceGroup] = {}
         self._seq_ids = itertools.count()
         self.last_step = StepStats()
+
+    def _capture_graphs(self, capture: GraphCapture, sizes: list[int], scratch: int) -> None:
+        """Capture the decode graphs at startup; a model whose step cannot be captured runs eagerly."""
+        name = self.loaded.name
+        start, before = time.perf_counter(), capture.memory_in_use()
+        try:
+            self.runner.capture_graphs(capture, sizes, scratch)
+        except RuntimeError as e:
+            self.runner.graphs.clear()
+            log.warning("%s: decode steps run eagerly, capturing them as CUDA graphs failed: %s", name, e)
+            return
+        self.graph_bytes = max(0, capture.memory_in_use() - before)
+        log.info("%s: captured decode graphs for batches of %s sequences in %.2fs, holding %.1f MiB "
+                 "(--enforce-eager turns them off)", name, ", ".join(map(str, sizes)),
+                 time.perf_counter() - start, self.graph_bytes / 2**20)
 
     # ---- requests ----------------------------------------------------------------
 

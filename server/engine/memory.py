@@ -5,6 +5,12 @@ On CUDA, after the weights are loaded, one profiling step at the largest batch t
 measures the activations' peak. The cache then takes what is left of `utilization` x the device's
 memory once the weights, that peak and the memory outside PyTorch's allocator (the CUDA context,
 other processes) are counted. The arithmetic is `kv_cache_bytes`, a pure function.
+
+CUDA graphs are reserved for here, before the cache is sized, rather than measured after: they are
+captured over the cache's own tensors, so they can only exist once the cache does, and a cache already
+allocated cannot shrink to make room. Their memory is a private pool that eager steps never reuse,
+holding about one decode step's activations at the largest graph batch (smaller graphs share it), so
+a second profiling step, that decode step, measures what to set aside. The engine logs what capture took.
 """
 
 from __future__ import annotations
@@ -25,31 +31,34 @@ class GpuMemory:
     weights: int  # the model's parameters and buffers
     peak_activations: int  # what a step at the largest batch allocates on top of what was held before it
     non_torch: int  # in use on the device outside PyTorch's allocator
+    graphs: int = 0  # the CUDA graphs' memory pool: a decode step's activations at the largest graph batch
 
 
 def kv_cache_bytes(memory: GpuMemory, utilization: float) -> int:
     """What is left for the K,V cache of `utilization` x the device's memory; ValueError if nothing is."""
     budget = int(memory.total * utilization)
-    taken = memory.weights + memory.peak_activations + memory.non_torch
+    taken = memory.weights + memory.peak_activations + memory.graphs + memory.non_torch
     if taken >= budget:
         gib = 2**30
         raise ValueError(
             f"no memory left for the K,V cache: {utilization:g} of {memory.total / gib:.2f} GiB is "
             f"{budget / gib:.2f} GiB, and the weights ({memory.weights / gib:.2f} GiB), a step's activations "
-            f"({memory.peak_activations / gib:.2f} GiB) and memory outside PyTorch ({memory.non_torch / gib:.2f} GiB) "
-            "take all of it; raise --gpu-memory-utilization, lower --max-num-batched-tokens or give --cache-bytes"
+            f"({memory.peak_activations / gib:.2f} GiB), CUDA graphs ({memory.graphs / gib:.2f} GiB) and memory "
+            f"outside PyTorch ({memory.non_torch / gib:.2f} GiB) take all of it; raise --gpu-memory-utilization, "
+            "lower --max-num-batched-tokens or --max-num-seqs, pass --enforce-eager or give --cache-bytes"
         )
     return budget - taken
 
 
 def choose_cache_bytes(model, cache_bytes: int | None, gpu_memory_utilization: float, block_size: int,
-                       max_num_batched_tokens: int, max_model_len: int) -> int:
-    """`cache_bytes` when given; else sized from the GPU on CUDA, DEFAULT_CACHE_BYTES elsewhere."""
+                       max_num_batched_tokens: int, max_model_len: int, graph_batch_size: int = 0) -> int:
+    """`cache_bytes` when given; else sized from the GPU on CUDA, DEFAULT_CACHE_BYTES elsewhere.
+    `graph_batch_size`: the largest batch CUDA graphs will be captured for (0: none)."""
     if cache_bytes is not None:
         return cache_bytes
     if _device(model).type != "cuda":
         return DEFAULT_CACHE_BYTES
-    memory = measure_gpu_memory(model, block_size, max_num_batched_tokens, max_model_len)
+    memory = measure_gpu_memory(model, block_size, max_num_batched_tokens, max_model_len, graph_batch_size)
     return kv_cache_bytes(memory, gpu_memory_utilization)
 
 
@@ -74,6 +83,17 @@ def profile_step(model, state, max_num_batched_tokens: int, max_model_len: int) 
     return torch.log_softmax(logits, dim=-1)  # prompt scoring holds a second copy
 
 
+def profile_decode_step(model, state, batch_size: int, max_model_len: int) -> torch.Tensor:
+    """The step a CUDA graph of `batch_size` sequences runs: one token each, block tables as wide as the
+    longest sequence, logits for every row. Every row reads block 0 only; `state` needs one block."""
+    device = state.k.device
+    width = -(-max_model_len // state.block_size)
+    zeros = torch.zeros(batch_size, dtype=torch.long, device=device)
+    batch = StepBatch(token_ids=zeros, positions=zeros, query_lens=[1] * batch_size,
+                      block_tables=torch.zeros(batch_size, width, dtype=torch.long, device=device))
+    return model.step(batch, state)  # (batch_size, V)
+
+
 def profile_blocks(max_num_batched_tokens: int, max_model_len: int, block_size: int) -> int:
     """Blocks `profile_step` needs."""
     length = min(max_num_batched_tokens, max_model_len)
@@ -81,19 +101,27 @@ def profile_blocks(max_num_batched_tokens: int, max_model_len: int, block_size: 
     return full * -(-length // block_size) + -(-rest // block_size)
 
 
-def measure_gpu_memory(model, block_size: int, max_num_batched_tokens: int, max_model_len: int) -> GpuMemory:
+def measure_gpu_memory(model, block_size: int, max_num_batched_tokens: int, max_model_len: int,
+                       graph_batch_size: int = 0) -> GpuMemory:
     """The figures `kv_cache_bytes` needs, read from the CUDA device the model is on."""
     device = _device(model)
     weights = sum(t.numel() * t.element_size() for t in chain(model.parameters(), model.buffers()))
     state = model.new_state(profile_blocks(max_num_batched_tokens, max_model_len, block_size), block_size=block_size)
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    held = torch.cuda.memory_allocated(device)  # weights, earlier models, the profiling cache
-    profile_step(model, state, max_num_batched_tokens, max_model_len)
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - held
+
+    def peak_of(step) -> int:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        held = torch.cuda.memory_allocated(device)  # weights, earlier models, the profiling cache
+        step()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - held
+
+    peak = peak_of(lambda: profile_step(model, state, max_num_batched_tokens, max_model_len))
+    graphs = 0
+    if graph_batch_size:
+        graphs = peak_of(lambda: profile_decode_step(model, state, graph_batch_size, max_model_len))
     del state
     torch.cuda.empty_cache()  # hand the profiling step's blocks back, so the cache can take them
     free, total = torch.cuda.mem_get_info(device)
     non_torch = max(0, total - free - torch.cuda.memory_reserved(device))
-    return GpuMemory(total=total, weights=weights, peak_activations=peak, non_torch=non_torch)
+    return GpuMemory(total=total, weights=weights, peak_activations=peak, non_torch=non_torch, graphs=graphs)

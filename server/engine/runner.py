@@ -2,7 +2,8 @@
 
 A step (1) applies the cache managers' device work (block copies, slot copies and resets),
 (2) packs the scheduled tokens into persistent, max-sized input buffers (one host-to-device copy
-per field), (3) runs the model, (4) on the device: samples a token for every sequence whose
+per field), (3) runs the model, or for a decode-only step replays the CUDA graph captured for its
+batch size (`capture_graphs`), (4) on the device: samples a token for every sequence whose
 tokens are now all computed, ranks the candidates of every beam request with one top-k, and
 scores prompt tokens for requests that asked, and (5) brings everything the host needs back in
 a single device-to-host copy.
@@ -11,6 +12,7 @@ a single device-to-host copy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -21,6 +23,8 @@ from server.sampling.beam import BeamRequest, beam_candidates
 from server.sampling.table import SamplingTable
 
 from .cache import CacheOp
+from .cuda_graphs import GraphCapture, Replay
+from .graph_buckets import choose_bucket, pad_rows
 from .outputs import TokenLogprob
 from .scheduler import ScheduledBatch
 from .sequence import Sequence, SequenceGroup
@@ -96,9 +100,15 @@ class ModelRunner:
         self.slots = torch.zeros(max_num_seqs, dtype=torch.long, device=device)
         self.sample_slots = torch.zeros(max_num_seqs, dtype=torch.long, device=device)
         self.block_tables = None
+        self.max_blocks = 0  # blocks of the longest sequence
         if self.paged:
-            max_blocks = -(-(max_model_len or 4096) // cache.block_size)
-            self.block_tables = torch.zeros(max_num_seqs * max_blocks, dtype=torch.long, device=device)
+            self.max_blocks = -(-(max_model_len or 4096) // cache.block_size)
+            self.block_tables = torch.zeros(max_num_seqs * self.max_blocks, dtype=torch.long, device=device)
+        # Decode steps replayed as graphs (see capture_graphs); none until captured, so every step runs eagerly.
+        self.graph_sizes: list[int] = []
+        self.graphs: dict[int, Replay] = {}
+        self.graph_tables: torch.Tensor | None = None  # (largest bucket, max_blocks): fixed width for graphs
+        self.scratch = -1  # the block or slot padding rows write to
 
     # ---- the step ------------------------------------------------------------------------
 
@@ -107,10 +117,67 @@ class ModelRunner:
         apply_cache_ops(self.state, batch.cache_ops)
         if batch.admitted:
             self.sampling.write([g.slot for g in batch.admitted], [g.params for g in batch.admitted])
-        step, plan = self._prepare(batch.work)
-        logits = self.model.step(step, self.state)  # (rows of plan, V)
+        packed, plan = self._pack(batch.work)
+        size = choose_bucket(packed.query_lens, self.graph_sizes)
+        if size is None:
+            logits = self.model.step(self._step_batch(packed), self.state)  # (rows of plan, V)
+        else:
+            logits = self._replay(packed, size)
         return self._finish(logits, plan)
 
+    # ---- CUDA graphs -----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def capture_graphs(self, capture: GraphCapture, sizes: list[int], scratch: int) -> None:
+        """Record a decode step for each batch size in `sizes`, largest first (see cuda_graphs.py).
+
+        `scratch` is a cache block (paged K,V) or state slot that no cache manager ever hands out:
+        the padding rows of a bucket, and the warm-up runs before each capture, write there only.
+        """
+        self.scratch = scratch
+        if self.paged:
+            self.graph_tables = torch.full((max(sizes), self.max_blocks), scratch, dtype=torch.long, device=self.device)
+        for size in sorted(sizes, reverse=True):
+            step = self._bucket_batch(size)
+            self._fill_bucket(_Packed(), size)  # every row is padding while capturing
+            self.graphs[size] = capture.capture(partial(self.model.step, step, self.state))
+        self.graph_sizes = sorted(sizes)
+
+    def _bucket_batch(self, size: int) -> StepBatch:
+        """The step a bucket's graph runs: fixed views of the persistent buffers, one token per row,
+        logits for every row. Nothing in it changes between replays but the buffers' contents."""
+        step = StepBatch(token_ids=self.token_ids[:size], positions=self.positions[:size], query_lens=[1] * size)
+        if self.paged:
+            step.block_tables = self.graph_tables[:size]  # every column: the width is the longest sequence's
+        else:
+            step.slots = self.slots[:size]
+        return step
+
+    def _fill_bucket(self, packed: "_Packed", size: int) -> None:
+        """Write a step's inputs into its bucket's buffers; rows past the real ones are padding: token 0 at
+        position 0, whose K,V or state goes to the scratch block or slot."""
+        self._upload(self.token_ids, pad_rows(packed.tokens, size, 0))
+        self._upload(self.positions, pad_rows(packed.positions, size, 0))
+        if not self.paged:
+            self._upload(self.slots, pad_rows(packed.where, size, self.scratch))
+            return
+        # Only the columns up to the widest table of the step are written: the kernel never reads past a
+        # sequence's length and SDPA masks those keys, so older block ids there (all valid blocks) are harmless.
+        width = max(map(len, packed.where), default=1)
+        rows = [table + [0] * (width - len(table)) for table in packed.where]
+        rows += [[self.scratch] * width] * (size - len(rows))
+        self.graph_tables[:size, :width].copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
+
+    def _replay(self, packed: "_Packed", size: int) -> torch.Tensor:
+        """The logits rows of the plan, from the bucket's graph; padding rows' logits are never read."""
+        self._fill_bucket(packed, size)
+        logits = self.graphs[size]()  # (size, V): a row per sequence
+        rows = packed.rows
+        if rows == list(range(len(rows))):
+            return logits[: len(rows)]
+        return logits.index_select(0, torch.tensor(rows, device=logits.device))
+
+    # ---- packing -----------------------------------------------------------------------------
 
     @staticmethod
     def _upload(buffer: torch.Tensor, values: list[int]) -> torch.Tensor:
@@ -119,12 +186,11 @@ class ModelRunner:
         view.copy_(torch.tensor(values, dtype=buffer.dtype), non_blocking=True)
         return view
 
-    def _prepare(self, work: list[tuple[Sequence, int]]) -> tuple[StepBatch, "_Plan"]:
+    def _pack(self, work: list[tuple[Sequence, int]]) -> tuple["_Packed", "_Plan"]:
+        """The step's inputs as host lists, and which logits rows serve what."""
         plan = _Plan()
-        tokens: list[int] = []
-        positions: list[int] = []
-        rows: list[int] = []  # packed token index of each logits row
-        where = []
+        packed = _Packed()
+        tokens, positions, rows, where = packed.tokens, packed.positions, packed.rows, packed.where
         locate = self.cache.block_table if self.paged else self.cache.slot
         offset = 0
         for seq, n in work:
@@ -154,13 +220,18 @@ class ModelRunner:
                 else:
                     plan.sampled.append((seq, last_row))
             offset += n
-        query_lens = [n for _, n in work]
+        packed.query_lens = [n for _, n in work]
+        return packed, plan
+
+    def _step_batch(self, packed: "_Packed") -> StepBatch:
+        """An eager step's input: the fronts of the persistent buffers, block tables as wide as the widest."""
         step = StepBatch(
-            token_ids=self._upload(self.token_ids, tokens),
-            positions=self._upload(self.positions, positions),
-            query_lens=query_lens,
-            logits_indices=self._upload(self.logits_indices, rows),
+            token_ids=self._upload(self.token_ids, packed.tokens),
+            positions=self._upload(self.positions, packed.positions),
+            query_lens=packed.query_lens,
+            logits_indices=self._upload(self.logits_indices, packed.rows),
         )
+        where = packed.where
         if self.paged:
             width = max(map(len, where))
             flat, padding = [], [0] * width
@@ -171,7 +242,7 @@ class ModelRunner:
             step.block_tables = self._upload(self.block_tables, flat).view(len(where), width)
         else:
             step.slots = self._upload(self.slots, where)
-        return step, plan
+        return step
 
     def _finish(self, logits: torch.Tensor, plan: "_Plan") -> StepResult:
         transfer = _Transfer()
@@ -293,6 +364,17 @@ class ModelRunner:
             return out
 
         return result
+
+
+@dataclass
+class _Packed:
+    """A step's new tokens, packed back to back, as host lists."""
+
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)  # packed token index of each logits row
+    where: list = field(default_factory=list)  # per sequence: its block table (paged K,V) or state slot
+    query_lens: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -11,20 +11,25 @@ def run_to_completion(engine: EngineCore, max_steps: int = 10_000) -> dict[str, 
     for _ in range(max_steps):
         if not engine.has_work():
             return results
-        for out in engine.step():
-            for c in out.outputs:
-                r = results.setdefault(out.request_id, {}).setdefault(
-                    c.index, {"text": "", "token_ids": [], "finish_reason": None, "score": None, "logprobs": []}
-                )
-                r["text"] += c.text
-                r["token_ids"] += c.token_ids
-                r["logprobs"] += c.logprobs or []
-                r["finish_reason"] = c.finish_reason
-                r["score"] = c.score
-                r["cumulative_logprob"] = c.cumulative_logprob
-            if out.prompt_logprobs is not None:
-                results.setdefault(out.request_id, {})["prompt_logprobs"] = out.prompt_logprobs
+        collect(results, engine.step())
     raise AssertionError("the engine did not finish")
+
+
+def collect(results: dict[str, dict[int, dict]], outputs) -> None:
+    """Add one step's outputs to `results` (see run_to_completion)."""
+    for out in outputs:
+        for c in out.outputs:
+            r = results.setdefault(out.request_id, {}).setdefault(
+                c.index, {"text": "", "token_ids": [], "finish_reason": None, "score": None, "logprobs": []}
+            )
+            r["text"] += c.text
+            r["token_ids"] += c.token_ids
+            r["logprobs"] += c.logprobs or []
+            r["finish_reason"] = c.finish_reason
+            r["score"] = c.score
+            r["cumulative_logprob"] = c.cumulative_logprob
+        if out.prompt_logprobs is not None:
+            results.setdefault(out.request_id, {})["prompt_logprobs"] = out.prompt_logprobs
 
 
 def scripted_engine(tokenizer, state_kind: str = "paged_kv", logits_fn=None, max_num_seqs: int = 16,

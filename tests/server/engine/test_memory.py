@@ -87,3 +87,29 @@ def test_real_gpu_readings_are_plausible():
     figures = memory.measure_gpu_memory(model, 16, 256, model.config.max_seq_len)
     assert figures.total > 0 and 0 < figures.peak_activations < figures.total
     assert kv_cache_bytes(figures, 0.9) < 0.9 * figures.total
+
+
+def test_cuda_graphs_are_reserved_before_the_cache():
+    h100 = GpuMemory(total=80 * GiB, weights=16 * GiB, peak_activations=2 * GiB, non_torch=GiB // 2, graphs=GiB)
+    assert kv_cache_bytes(h100, 0.9) == int(80 * GiB * 0.9) - 16 * GiB - 2 * GiB - GiB // 2 - GiB
+    crowded = GpuMemory(total=24 * GiB, weights=16 * GiB, peak_activations=2 * GiB, non_torch=GiB, graphs=3 * GiB)
+    with pytest.raises(ValueError, match="CUDA graphs .* --enforce-eager"):
+        kv_cache_bytes(crowded, 0.9)
+
+
+@pytest.mark.parametrize("key", ["transformer-llama", "transformer-gpt2"])
+def test_the_graph_profiling_step_is_a_decode_at_full_table_width(key):
+    _, model = build_tiny_model(key, 300, device="cpu")
+    state = model.new_state(1, block_size=16)
+    logits = memory.profile_decode_step(model, state, 24, model.config.max_seq_len)
+    assert logits.shape == (24, 300) and torch.isfinite(logits).all()
+
+
+def test_graph_memory_is_measured_only_when_graphs_are_captured(monkeypatch):
+    _, model = build_tiny_model("transformer-llama", 300, device="cpu")
+    FakeCuda(monkeypatch, held=10 * GiB, peak=13 * GiB, free=60 * GiB, reserved=19 * GiB)
+    decode_steps = []
+    monkeypatch.setattr(memory, "profile_decode_step", lambda *args: decode_steps.append(args[2]))
+    eager = memory.measure_gpu_memory(model, 16, 64, model.config.max_seq_len)
+    graphs = memory.measure_gpu_memory(model, 16, 64, model.config.max_seq_len, graph_batch_size=48)
+    assert (eager.graphs, graphs.graphs, decode_steps) == (0, 3 * GiB, [48])
