@@ -225,7 +225,7 @@ class Block(nn.Module):
 
     def step(self, x, rope, k_cache, v_cache, attention, ops: LayerOps):
         h = self.attn.step(ops.norm(x, self.attn_norm), rope, k_cache, v_cache, attention, ops)
-        h, x = ops.add_norm(h, x, self.mlp_norm)  # x += h, then h = mlp_norm(x): one kernel where fused
+        h, x = ops.add_norm(h, x, self.mlp_norm)  # x = x + h, h = mlp_norm(x): one kernel where fused
         return x + self.mlp(h, ops)
 
 
