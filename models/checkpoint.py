@@ -20,6 +20,7 @@ from torch import nn
 
 from . import hf
 from .attention import select_attention_backend
+from .kernels import select_layer_ops
 from .errors import CheckpointError, read_json_object
 from .generation_config import read_generation_config
 from .location import BUNDLED_DIR, locate
@@ -161,6 +162,7 @@ def load_checkpoint(
     name: str | None = None,
     generation_config: str = "auto",
     attention_backend: str = "auto",
+    layer_ops: str = "auto",
 ) -> LoadedModel:
     """Load a checkpoint (directory, bundled model name or hub id) for inference (eval mode).
 
@@ -169,6 +171,8 @@ def load_checkpoint(
     `attention_backend`: how a Transformer's steps read its paged cache, a key of
     models.attention.ATTENTION_BACKENDS or "auto" (the device's default); checked here, so a
     backend that cannot run on the device fails the load.
+    `layer_ops`: how a Transformer's steps run norms, RoPE and the gated activation, a key of
+    models.kernels.LAYER_OPS or "auto" (fused Triton kernels on CUDA, eager PyTorch elsewhere).
     """
     if generation_config not in GENERATION_CONFIG_MODES:
         raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, not {generation_config!r}")
@@ -203,8 +207,9 @@ def load_checkpoint(
         weights = read_weights(tensors, sources, shapes, dtype, device, label=name)
     model.load_state_dict(weights, strict=True, assign=True)
     model.eval().requires_grad_(False)
-    if model.state_kind == "paged_kv":  # only models attending over a paged cache have a backend to choose
+    if model.state_kind == "paged_kv":  # only Transformers have an attention backend and layer ops to choose
         model.attention_backend = select_attention_backend(attention_backend, device).name
+        model.layer_ops = select_layer_ops(layer_ops, device)
     return LoadedModel(
         name=name, path=path, architecture=architecture, model=model, tokenizer=tokenizer,
         eos_token_ids=eos_ids, device=device, dtype=dtype, metadata=metadata, model_id=location.model_id,

@@ -9,6 +9,8 @@ State per sequence: K and V of every layer in fixed-size blocks of a `PagedKVCac
 a step writes the new tokens' K,V into their slots, then attends over the blocks
 listed in each sequence's block table, through the attention backend the cache was
 allocated with (models/attention: gather + SDPA, or a Triton kernel reading blocks in place).
+A step's norms, RoPE and gated activation go through the layer ops the model was loaded with
+(models/kernels: eager PyTorch, or fused Triton kernels); `forward` always runs them eagerly.
 """
 
 from __future__ import annotations
@@ -22,14 +24,9 @@ from torch import nn
 
 from .attention import PagedAttentionBackend, select_attention_backend
 from .batch import StepBatch
+from .kernels import TORCH_OPS, LayerOps
+from .kernels.torch_ops import ACTIVATIONS
 from .state import PagedKVCache
-
-ACTIVATIONS = {
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
 
 ROPE_SCALING_TYPES = ("default", "linear", "llama3")
 
@@ -88,6 +85,8 @@ class TransformerConfig:
 class RMSNorm(nn.Module):
     """Normalises in float32 whatever the weights' dtype, as Llama does."""
 
+    unit_offset = False  # read by the fused kernel (models/kernels/rms_norm.py)
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -107,6 +106,8 @@ class UnitOffsetRMSNorm(RMSNorm):
     The scaling happens in float32 before the cast back: in 16-bit weights, 1 + w
     would lose most of w's bits.
     """
+
+    unit_offset = True
 
     def __init__(self, dim: int, eps: float):
         super().__init__(dim, eps)
@@ -153,13 +154,6 @@ def rope_tables(config: TransformerConfig, positions: torch.Tensor, dtype) -> tu
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (..., T, n_heads, head_dim); cos/sin (..., T, head_dim)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return x * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
-
-
 class Attention(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -171,7 +165,7 @@ class Attention(nn.Module):
         self.q_norm = make_norm(c, c.head_dim) if c.qk_norm else None
         self.k_norm = make_norm(c, c.head_dim) if c.qk_norm else None
 
-    def project(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor, rope, ops: LayerOps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (..., T, D) -> q (..., T, H, hd), k and v (..., T, KVH, hd)."""
         c = self.config
         q, k, v = self.qkv(x).split([c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim], -1)
@@ -179,23 +173,24 @@ class Attention(nn.Module):
         k = k.unflatten(-1, (c.n_kv_heads, c.head_dim))
         v = v.unflatten(-1, (c.n_kv_heads, c.head_dim))
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = ops.norm(q, self.q_norm), ops.norm(k, self.k_norm)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = ops.rope(q, k, *rope)
         return q, k, v
 
     def forward(self, x: torch.Tensor, rope) -> torch.Tensor:
         """Full causal attention over x (B, T, D), no cache."""
-        q, k, v = self.project(x, rope)  # (B, T, H or KVH, hd)
+        q, k, v = self.project(x, rope, TORCH_OPS)  # (B, T, H or KVH, hd)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
             is_causal=True, enable_gqa=self.config.n_kv_heads != self.config.n_heads,
         )  # (B, H, T, hd)
         return self.out(out.transpose(1, 2).flatten(-2))
 
-    def step(self, x: torch.Tensor, rope, k_cache, v_cache, attention: PagedAttentionBackend) -> torch.Tensor:
+    def step(self, x: torch.Tensor, rope, k_cache, v_cache, attention: PagedAttentionBackend,
+             ops: LayerOps) -> torch.Tensor:
         """x (T, D) packed new tokens; k_cache/v_cache (num_blocks, block_size, KVH, hd) of this layer."""
-        q, k, v = self.project(x, rope)
+        q, k, v = self.project(x, rope, ops)
         return self.out(attention.forward(q, k, v, k_cache, v_cache))  # the backend writes k, v into the cache
 
 
@@ -206,14 +201,13 @@ class MLP(nn.Module):
         width = 2 * config.d_ff if self.gated else config.d_ff
         self.up = nn.Linear(config.d_model, width, bias=config.mlp_bias)  # gated: [gate; up]
         self.down = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
-        self.act = ACTIVATIONS[config.activation]
+        self.activation = config.activation
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
         h = self.up(x)
         if self.gated:
-            gate, up = h.chunk(2, dim=-1)
-            return self.down(self.act(gate) * up)
-        return self.down(self.act(h))
+            return self.down(ops.gated_act(h, self.activation))
+        return self.down(ACTIVATIONS[self.activation](h))
 
 
 class Block(nn.Module):
@@ -229,9 +223,10 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(self.attn_norm(x), rope))
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
-    def step(self, x, rope, k_cache, v_cache, attention):
-        x = x + self.attn.step(self.attn_norm(x), rope, k_cache, v_cache, attention)
-        return x + self.mlp(self.mlp_norm(x))
+    def step(self, x, rope, k_cache, v_cache, attention, ops: LayerOps):
+        h = self.attn.step(ops.norm(x, self.attn_norm), rope, k_cache, v_cache, attention, ops)
+        h, x = ops.add_norm(h, x, self.mlp_norm)  # x = x + h, h = mlp_norm(x): one kernel where fused
+        return x + self.mlp(h, ops)
 
 
 class TransformerLanguageModel(nn.Module):
@@ -249,6 +244,8 @@ class TransformerLanguageModel(nn.Module):
         # How steps read the paged cache: a key of models.attention.ATTENTION_BACKENDS, or "auto" for the
         # default of the device the cache is allocated on. Resolved by new_state, carried by the cache.
         self.attention_backend = "auto"
+        # How steps run norms, RoPE and the gated activation (models.kernels); load_checkpoint picks the device's.
+        self.layer_ops: LayerOps = TORCH_OPS
 
     def init_weights(self) -> None:
         """GPT-2 style initialisation for training from scratch (residual outputs scaled by depth)."""
@@ -270,9 +267,9 @@ class TransformerLanguageModel(nn.Module):
             return x, None
         return x, rope_tables(self.config, positions, x.dtype)
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+    def _logits(self, h: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(self.norm(h), weight).float()
+        return F.linear(ops.norm(h, self.norm), weight).float()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits, no cache."""
@@ -298,7 +295,7 @@ class TransformerLanguageModel(nn.Module):
         attention = state.attention.build(batch, state.block_size)  # once per step, shared by the layers
         x, rope = self._embed(batch.token_ids, batch.positions)
         for i, layer in enumerate(self.layers):
-            x = layer.step(x, rope, state.k[i], state.v[i], attention)
+            x = layer.step(x, rope, state.k[i], state.v[i], attention, self.layer_ops)
         if batch.logits_indices is not None:
             x = x[batch.logits_indices]
-        return self._logits(x)
+        return self._logits(x, self.layer_ops)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from models.attention import ATTENTION_BACKENDS
 from models.checkpoint import BUNDLED_DIR, GENERATION_CONFIG_MODES
+from models.kernels import LAYER_OPS
 from models.location import is_hub_id
 
 DEFAULT_MODELS = ["shakespeare-transformer", "shakespeare-lstm", "shakespeare-gcnn"]  # the first is the default
@@ -27,6 +28,7 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.9  # of the GPU's memory: weights, activations and K,V caches of all models
     block_size: int = 16
     attention_backend: str = "auto"  # "auto": triton on CUDA, sdpa elsewhere (models.attention)
+    layer_ops: str = "auto"  # "auto": fused triton kernels on CUDA, eager torch elsewhere (models.kernels)
     max_model_len: int | None = None  # None: the model's context (Transformers), 4096 (recurrent, convolutional)
     generation_config: str = "auto"  # "auto": sampling defaults from the checkpoint's generation_config.json; "none"
     chat_templates: list[str] = field(default_factory=list)  # [NAME=]FILE: a Jinja chat template for NAME (or all)
@@ -119,6 +121,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "how Transformers read their paged K,V cache: auto (triton on CUDA, sdpa elsewhere), sdpa (gather + "
         "PyTorch SDPA, any device) or triton (one kernel reading the blocks in place)",
         choices=("auto", *ATTENTION_BACKENDS))
+    arg("--layer-ops", str, d.layer_ops,
+        "how Transformers run RMSNorm (with the residual add), RoPE and the gated MLP's activation: auto (triton "
+        "on CUDA, torch elsewhere), torch (eager PyTorch, a kernel per elementwise operation) or triton (one fused "
+        "Triton kernel each; compiled when a model first runs them)",
+        choices=("auto", *LAYER_OPS))
     arg("--max-model-len", int, d.max_model_len, "longest prompt + completion, in tokens")
     arg("--generation-config", str, d.generation_config,
         "auto: settings a request leaves out default to the checkpoint's generation_config.json "

@@ -88,7 +88,7 @@ class ModelHost:
             log.info("loading model %d/%d: %s from %s", i, len(specs), name, path)
             loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name,
                                      generation_config=config.generation_config,
-                                     attention_backend=config.attention_backend)
+                                     attention_backend=config.attention_backend, layer_ops=config.layer_ops)
             models[name] = cls._host(name, loaded, config, len(specs), templates.get(name, templates.get(None)))
             engine = models[name].engine
             log.info(

@@ -1,0 +1,68 @@
+"""Layer ops: how a Transformer layer runs its small operations, chosen once when a model is loaded.
+
+The ops are RMSNorm (alone, and fused with the residual add before it), RoPE on q and k, and the
+gated MLP's activation. "torch" runs them as eager PyTorch (any device; the CPU default and the
+reference); "triton" fuses each into one kernel (the CUDA default). Like the attention backends
+(models/attention), the model never looks at the device: it calls the ops object it was given.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from .torch_ops import TORCH_OPS, TorchLayerOps
+from .triton_ops import TritonLayerOps
+
+__all__ = ["LAYER_OPS", "LayerOps", "TORCH_OPS", "default_layer_ops", "select_layer_ops"]
+
+log = logging.getLogger("quill.models")
+
+
+class LayerOps(Protocol):
+    name: str
+
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        """Why these ops cannot run on `device`, or None if they can."""
+
+    def norm(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor: ...
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x)."""
+
+    def rope(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor): ...
+
+    def gated_act(self, h: torch.Tensor, activation: str) -> torch.Tensor:
+        """[gate; up] -> act(gate) * up."""
+
+
+LAYER_OPS: dict[str, type[LayerOps]] = {"torch": TorchLayerOps, "triton": TritonLayerOps}
+DEFAULTS_BY_DEVICE = {"cuda": "triton"}  # any other device type: "torch"
+
+
+def default_layer_ops(device: torch.device) -> str:
+    """The registry's choice for `device`: its default where that can run there, else "torch"."""
+    name = DEFAULTS_BY_DEVICE.get(torch.device(device).type, "torch")
+    reason = LAYER_OPS[name].unavailable_reason(torch.device(device))
+    if reason is not None:
+        log.warning("layer ops %r %s; using 'torch'", name, reason)
+        return "torch"
+    return name
+
+
+def select_layer_ops(name: str, device: torch.device | str) -> LayerOps:
+    """The ops for `name` ("auto": the device's default); ValueError if they cannot run on `device`."""
+    device = torch.device(device)
+    if name == "auto":
+        name = default_layer_ops(device)
+    if name not in LAYER_OPS:
+        raise ValueError(f"layer ops must be auto or one of {', '.join(LAYER_OPS)}, not {name!r}")
+    ops = LAYER_OPS[name]
+    reason = ops.unavailable_reason(device)
+    if reason is not None:
+        raise ValueError(f"layer ops {name!r} {reason}")
+    return ops()
