@@ -228,14 +228,15 @@ def run_shape(name: str, s: GpuBenchSettings, parts: list[str], device: torch.de
     """Build the shape's checkpoint, then run `parts` on it; a part's failure is recorded, the next one runs."""
     shape, log = s.shapes[name], options.log
     figures = recorder.results["shapes"].setdefault(name, {"errors": {}, "part_seconds": {}})
-    # The server reads the attention backend from its flags; the in-process model is loaded with the same.
-    attention_backend = with_serve_args(ServerConfig(cache_bytes=1), options.server_args).attention_backend
+    # The server reads the attention backend and layer ops from its flags; the in-process model loads with the same.
+    serve = with_serve_args(ServerConfig(cache_bytes=1), options.server_args)
     with tempfile.TemporaryDirectory(prefix=f"quill-gpu-bench-{name}-", dir=options.tmp_dir) as tmp:
         log(f"{name}: making random weights ({shape.description}) on {device} and saving them ...")
         start = time.perf_counter()
         save_random_model(Path(tmp), shape.family, shape.config, seed=s.seed, device=device, dtype=dtype)
         _free_memory(device)  # the model it made, once saved
-        loaded = load_checkpoint(tmp, device=device, dtype=dtype, name=name, attention_backend=attention_backend)
+        loaded = load_checkpoint(tmp, device=device, dtype=dtype, name=name, attention_backend=serve.attention_backend,
+                                 layer_ops=serve.layer_ops)
         figures["model"] = describe_model(loaded, f"random weights, {shape.family} family") | {
             "description": shape.description, "family": shape.family, "config": shape.config,
             "decode_read_bytes": decode_read_bytes(loaded.model), "attention_backend": loaded.model.attention_backend,

@@ -65,6 +65,7 @@ def engine_config(server: ServerConfig) -> EngineConfig:
         SchedulerConfig(server.max_num_seqs, server.max_num_batched_tokens, server.max_queue),
         CacheConfig(block_size=server.block_size, cache_bytes=server.cache_bytes,
                     enable_prefix_caching=server.enable_prefix_caching),
+        enforce_eager=server.enforce_eager,
     )
 
 

@@ -111,6 +111,7 @@ class ModelHost:
                         # Models on one GPU share the fraction equally: each engine sizes its cache alone.
                         gpu_memory_utilization=config.gpu_memory_utilization / num_models,
                         enable_prefix_caching=config.enable_prefix_caching),
+            enforce_eager=config.enforce_eager,
         )
         limit = loaded.max_seq_len or RECURRENT_MAX_MODEL_LEN
         max_model_len = min(limit, config.max_model_len) if config.max_model_len else limit

@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from models.chat_template import ChatTemplate
+from models.checkpoint import load_checkpoint
 from models.location import BUNDLED_DIR
 from models.tokenizer_config import read_tokenizer_config
 from server.config import DEFAULT_MODELS, ServerConfig, add_serve_arguments, config_from_args
@@ -100,6 +101,13 @@ def test_attention_backend_flag(monkeypatch):
     assert parse().attention_backend == "triton"
     with pytest.raises(SystemExit):
         parse("--attention-backend", "flash")
+
+
+def test_engine_settings_follow_the_serve_flags():
+    loaded = load_checkpoint("shakespeare-gcnn", device="cpu")
+    for argv, eager in (((), False), (("--enforce-eager",), True)):
+        engine = ModelHost._host("gcnn", loaded, parse(*argv, "--max-num-seqs", "8"), 1).engine
+        assert (engine.config.enforce_eager, engine.config.scheduler.max_num_seqs) == (eager, 8)
 
 
 def test_cache_size_flags(monkeypatch):
