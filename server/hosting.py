@@ -92,7 +92,7 @@ class ModelHost:
             for i, (name, path) in enumerate(specs, 1):
                 start = time.monotonic()
                 log.info("loading model %d/%d: %s from %s", i, len(specs), name, path)
-                hosted = models[name] = cls._host(name, path, config, len(specs),
+                hosted = models[name] = cls._host(name, path, config, (i, len(specs)),
                                                   templates.get(name, templates.get(None)))
                 loaded, engine = hosted.loaded, hosted.engine
                 log.info(
@@ -111,17 +111,21 @@ class ModelHost:
         return cls(models)
 
     @staticmethod
-    def _host(name: str, path: str, config: ServerConfig, num_models: int,
+    def _host(name: str, path: str, config: ServerConfig, position: tuple[int, int],
               chat_template: str | None = None) -> HostedModel:
+        """`position`: (this model's number from 1, how many are hosted)."""
+        separate = uses_engine_process(config)
+        number, num_models = position
+        # Models on one GPU share the fraction equally, each engine sizing its cache alone, models loaded in
+        # turn. An engine process counts what the earlier processes took as "memory outside PyTorch", so its
+        # budget is the shares of all models up to its own; a thread counts only its own model's weights.
+        utilization = config.gpu_memory_utilization * (number if separate else 1) / num_models
         engine_config = EngineConfig(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.max_queue),
             CacheConfig(block_size=config.block_size, cache_bytes=config.cache_bytes,
-                        # Models on one GPU share the fraction equally: each engine sizes its cache alone.
-                        gpu_memory_utilization=config.gpu_memory_utilization / num_models,
-                        enable_prefix_caching=config.enable_prefix_caching),
+                        gpu_memory_utilization=utilization, enable_prefix_caching=config.enable_prefix_caching),
         )
         load = dict(name=name, generation_config=config.generation_config, attention_backend=config.attention_backend)
-        separate = uses_engine_process(config)
         if separate:
             engine = ProcessEngine(CoreSpec(name, path, config.device, config.dtype, config.generation_config,
                                             config.attention_backend, engine_config, config.threads))

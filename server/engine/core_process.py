@@ -6,7 +6,7 @@ that came down the pipe, run a step, send one message back carrying every reques
 step and a stats snapshot. Detokenization and stop rules stay in this process, inside the step:
 a stop string can only be recognised from the text, and detokenizing costs about 0.5 ms of a 6 ms
 step at 256 streams on a 2-core CPU, while the API process is the busier of the two (at 256 streams
-it spent about 1.3 s of CPU for every 1 s the engine process spent, benchmarks/server_overhead.py):
+it spent 1.3-1.5 s of CPU for every 1 s the engine process spent, benchmarks/server_overhead.py):
 moving the text there would slow the side that already limits throughput.
 
 Down a `Connection`: ("add", request id, prompt ids, params), ("abort", request id), ("stop",).
