@@ -59,11 +59,15 @@ def test_dropped_stream_aborts_in_the_engine_process(process_server):
 
 def test_full_queue_answers_429_before_any_byte(process_server):
     url = process_server.url
-    with long_stream(url, "tiny-gcnn") as running, long_stream(url, "tiny-gcnn") as queued:
-        assert running.status_code == 200 and queued.status_code == 200
-        assert wait_for(lambda: metric(url, "quill_num_requests_waiting", "tiny-gcnn") == 1)
-        refused = httpx.post(f"{url}/v1/completions", timeout=10, json={
-            "model": "tiny-gcnn", "prompt": "x", "max_tokens": 5, "stream": True})
+    with long_stream(url, "tiny-gcnn") as running:
+        # Until the engine process has admitted it, the first request still counts as waiting.
+        assert running.status_code == 200
+        assert wait_for(lambda: metric(url, "quill_num_requests_running", "tiny-gcnn") == 1)
+        with long_stream(url, "tiny-gcnn") as queued:
+            assert queued.status_code == 200
+            assert wait_for(lambda: metric(url, "quill_num_requests_waiting", "tiny-gcnn") == 1)
+            refused = httpx.post(f"{url}/v1/completions", timeout=10, json={
+                "model": "tiny-gcnn", "prompt": "x", "max_tokens": 5, "stream": True})
     assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
     assert "queue is full" in refused.json()["error"]["message"]
 
