@@ -40,6 +40,8 @@ def serve_command(config: ServerConfig) -> list[str]:
         args += ["--model", spec]
     if not config.enable_prefix_caching:
         args.append("--no-prefix-caching")
+    if config.engine_process is not None:
+        args.append("--engine-process" if config.engine_process else "--no-engine-process")
     return args
 
 

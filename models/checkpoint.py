@@ -163,6 +163,7 @@ def load_checkpoint(
     generation_config: str = "auto",
     attention_backend: str = "auto",
     layer_ops: str = "auto",
+    weights: bool = True,
 ) -> LoadedModel:
     """Load a checkpoint (directory, bundled model name or hub id) for inference (eval mode).
 
@@ -173,6 +174,8 @@ def load_checkpoint(
     backend that cannot run on the device fails the load.
     `layer_ops`: how a Transformer's steps run norms, RoPE and the gated activation, a key of
     models.kernels.LAYER_OPS or "auto" (fused Triton kernels on CUDA, eager PyTorch elsewhere).
+    `weights`: False loads everything but the weights (the model stays on the meta device): for a
+    process that tokenizes and validates while another process runs the model.
     """
     if generation_config not in GENERATION_CONFIG_MODES:
         raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, not {generation_config!r}")
@@ -198,14 +201,15 @@ def load_checkpoint(
     _, model_cls = ARCHITECTURES[architecture]
     with torch.device("meta"):
         model = model_cls(config)
-    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    with open_weights(path) as tensors:
-        try:
-            sources = _expected_sources(config, model, tensors.names)
-        except ValueError as e:
-            raise CheckpointError(path / CONFIG_FILE, str(e)) from None
-        weights = read_weights(tensors, sources, shapes, dtype, device, label=name)
-    model.load_state_dict(weights, strict=True, assign=True)
+    if weights:
+        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        with open_weights(path) as tensors:
+            try:
+                sources = _expected_sources(config, model, tensors.names)
+            except ValueError as e:
+                raise CheckpointError(path / CONFIG_FILE, str(e)) from None
+            model.load_state_dict(read_weights(tensors, sources, shapes, dtype, device, label=name),
+                                  strict=True, assign=True)
     model.eval().requires_grad_(False)
     if model.state_kind == "paged_kv":  # only Transformers have an attention backend and layer ops to choose
         model.attention_backend = select_attention_backend(attention_backend, device).name

@@ -5,6 +5,10 @@ the scheduler, cache managers, runner, sampler and output processing run exactly
 real model, while the "forward pass" is one row lookup: the next-token logits depend only on the
 last token (`table[token]`), plus an optional `logits_fn` that rewrites them (tests choose logits
 this way). Timing a step of this model measures the engine's own host overhead.
+
+Registered as architecture "scripted", so a checkpoint directory of it (config.json, the table as
+the one weight, a tokenizer) is served like any model: benchmarks measure the server's overhead
+at the speed of a GPU's step with it.
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ class ScriptedModel(nn.Module):
         super().__init__()
         self.config = config
         self.state_kind = config.state_kind
-        generator = torch.Generator().manual_seed(seed)
-        self.register_buffer("table", torch.randn(config.vocab_size, config.vocab_size, generator=generator))
+        # A parameter (frozen), not a buffer: a checkpoint's weights file carries it.
+        self.table = nn.Parameter(torch.empty(config.vocab_size, config.vocab_size), requires_grad=False)
+        if self.table.device.type != "meta":  # the loader builds on the meta device, then assigns the weights
+            generator = torch.Generator().manual_seed(seed)
+            self.table.copy_(torch.randn(config.vocab_size, config.vocab_size, generator=generator))
         self.logits_fn = logits_fn  # (last tokens (K,), positions (K,)) -> (K, V) logits, replaces the table
 
     def new_state(self, num: int, block_size: int = 16, dtype: torch.dtype | None = None):

@@ -45,6 +45,10 @@ class ServerConfig:
     enforce_eager: bool = False  # no CUDA graphs: every step runs eagerly (the CPU always does)
     log_prompts: bool = False  # request logs carry token counts only unless asked
     threads: int | str | None = None  # torch CPU threads per model's steps; None: torch's; "auto": re-picked under load
+    # Each model's engine core in a process of its own (True) or on a thread of the server's (False); None: a
+    # process on CUDA, where steps take milliseconds and the HTTP side would slow them, a thread on the CPU, where
+    # steps are slow and a process per model measured no faster (benchmarks/server_overhead.py).
+    engine_process: bool | None = None
 
     def __post_init__(self):
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -143,6 +147,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     arg("--drain-seconds", float, d.drain_seconds, "on SIGTERM, time in-flight requests get to finish")
     arg("--threads", _thread_count, d.threads, "torch CPU threads for each model's steps: a number, or 'auto' to "
         "pick them from measured steps and re-pick when other work takes a core (default: torch's choice)")
+    engine_env = _env("engine_process", None)
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
+                   default=None if engine_env is None else engine_env.lower() not in ("0", "false", "no"),
+                   help="run each model's engine core in a process of its own, so the HTTP side and the step loop "
+                        "never share an interpreter, or (--no-engine-process) on a thread of the server's process "
+                        "(default: a process on CUDA, a thread on the CPU; env QUILL_ENGINE_PROCESS)")
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help="disable prefix caching")
     p.add_argument("--enforce-eager", action="store_true",
                    help="never replay decode steps as CUDA graphs (on CUDA they are captured at startup for "

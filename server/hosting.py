@@ -1,4 +1,8 @@
-"""The models a server hosts: each loaded once, with its own engine loop and its chat template."""
+"""The models a server hosts: each loaded once, with its own engine loop and its chat template.
+
+With `engine_process` (the default on CUDA) each model's engine core runs in a process of its own,
+which loads the weights; this process then reads only the checkpoint's metadata and tokenizer.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.chat_template import ChatTemplate, ChatTemplateError
-from models.checkpoint import LoadedModel, load_checkpoint
+from models.checkpoint import LoadedModel, load_checkpoint, resolve_device
 
 from .config import ServerConfig
 from .engine.async_engine import AsyncEngine
 from .engine.core import CacheConfig, EngineConfig
+from .engine.core_process import CoreSpec
+from .engine.process_engine import ProcessEngine
 from .engine.scheduler import SchedulerConfig
 
 log = logging.getLogger("quill.server")
@@ -24,7 +30,7 @@ RECURRENT_MAX_MODEL_LEN = 4096  # no attention window: bounded only so one reque
 class HostedModel:
     name: str
     loaded: LoadedModel
-    engine: AsyncEngine
+    engine: AsyncEngine | ProcessEngine
     max_model_len: int
     created: int  # unix time, for /v1/models
     chat_template: ChatTemplate | None = None  # None: /v1/chat/completions answers 400 with `no_chat_reason`
@@ -61,12 +67,11 @@ def chat_template_for(name: str, loaded: LoadedModel, source: str | None) -> tup
         return None, f"the chat template of {name!r} cannot be used ({e}); give another with --chat-template FILE"
 
 
-def _cache_holds(state) -> str:
-    """What a model's cache holds, for the startup log."""
-    if state.kind != "paged_kv":
-        return f"{state.num_slots} state slots"
-    return (f"{state.num_blocks * state.block_size} tokens of K,V in blocks of {state.block_size}, "
-            f"attention {state.attention.name}")
+def uses_engine_process(config: ServerConfig) -> bool:
+    """--engine-process as given, else a process on CUDA only (see ServerConfig.engine_process)."""
+    if config.engine_process is not None:
+        return config.engine_process
+    return resolve_device(config.device).type == "cuda"
 
 
 class ModelHost:
@@ -83,40 +88,64 @@ class ModelHost:
         if unknown:
             raise ValueError(f"--chat-template names models that are not hosted: {', '.join(sorted(unknown))}")
         templates = {name: read_chat_template(file) for name, file in template_files.items()}
-        for i, (name, path) in enumerate(specs, 1):
-            start = time.monotonic()
-            log.info("loading model %d/%d: %s from %s", i, len(specs), name, path)
-            loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name,
-                                     generation_config=config.generation_config,
-                                     attention_backend=config.attention_backend, layer_ops=config.layer_ops)
-            models[name] = cls._host(name, loaded, config, len(specs), templates.get(name, templates.get(None)))
-            engine = models[name].engine
-            log.info(
-                "loaded %s: %s, %.1fM parameters, %s on %s, %.1f MiB cache reserved (%s), max_model_len %d, in %.1fs",
-                name, loaded.architecture, loaded.num_parameters / 1e6, str(loaded.dtype).removeprefix("torch."),
-                loaded.device, engine.core.cache_bytes / 2**20, _cache_holds(engine.core.state),
-                models[name].max_model_len, time.monotonic() - start,
-            )
-            if loaded.generation_defaults:
-                log.info("%s: sampling defaults from generation_config.json: %s (--generation-config none drops them)",
-                         name, ", ".join(f"{k}={v}" for k, v in loaded.generation_defaults.items()))
+        try:
+            for i, (name, path) in enumerate(specs, 1):
+                start = time.monotonic()
+                log.info("loading model %d/%d: %s from %s", i, len(specs), name, path)
+                hosted = models[name] = cls._host(name, path, config, (i, len(specs)),
+                                                  templates.get(name, templates.get(None)))
+                loaded, engine = hosted.loaded, hosted.engine
+                log.info(
+                    "loaded %s: %s, %.1fM parameters, %s on %s, %.1f MiB cache reserved (%s), max_model_len %d, "
+                    "in %.1fs", name, loaded.architecture, loaded.num_parameters / 1e6,
+                    str(loaded.dtype).removeprefix("torch."), loaded.device, engine.cache_bytes / 2**20,
+                    engine.describe_cache(), hosted.max_model_len, time.monotonic() - start,
+                )
+                if loaded.generation_defaults:
+                    log.info("%s: sampling defaults from generation_config.json: %s (--generation-config none drops "
+                             "them)", name, ", ".join(f"{k}={v}" for k, v in loaded.generation_defaults.items()))
+        except BaseException:
+            for hosted in models.values():  # engine processes already started stop with the failed load
+                hosted.engine.shutdown()
+            raise
         return cls(models)
 
     @staticmethod
-    def _host(name: str, loaded: LoadedModel, config: ServerConfig, num_models: int,
+    def _host(name: str, path: str, config: ServerConfig, position: tuple[int, int],
               chat_template: str | None = None) -> HostedModel:
+        """`position`: (this model's number from 1, how many are hosted)."""
+        separate = uses_engine_process(config)
+        number, num_models = position
+        # Models on one GPU share the fraction equally, each engine sizing its cache alone, models loaded in
+        # turn. An engine process counts what the earlier processes took as "memory outside PyTorch", so its
+        # budget is the shares of all models up to its own; a thread counts only its own model's weights.
+        utilization = config.gpu_memory_utilization * (number if separate else 1) / num_models
         engine_config = EngineConfig(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.max_queue),
             CacheConfig(block_size=config.block_size, cache_bytes=config.cache_bytes,
-                        # Models on one GPU share the fraction equally: each engine sizes its cache alone.
-                        gpu_memory_utilization=config.gpu_memory_utilization / num_models,
-                        enable_prefix_caching=config.enable_prefix_caching),
+                        gpu_memory_utilization=utilization, enable_prefix_caching=config.enable_prefix_caching),
             enforce_eager=config.enforce_eager,
         )
+        load = dict(generation_config=config.generation_config, attention_backend=config.attention_backend,
+                    layer_ops=config.layer_ops)
+        if separate:
+            engine = ProcessEngine(CoreSpec(name, path, dict(device=config.device, dtype=config.dtype, **load),
+                                            engine_config, config.threads))
+            engine.start()  # loads the weights there; here only what the API needs, on the device it chose
+        try:
+            if separate:
+                loaded = load_checkpoint(path, device=engine.info.device, dtype=engine.info.dtype, weights=False,
+                                         name=name, **load)
+            else:
+                loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name, **load)
+                engine = AsyncEngine(loaded, engine_config, name=name, threads=config.threads)
+            template, no_chat_reason = chat_template_for(name, loaded, chat_template)
+        except BaseException:
+            if separate:
+                engine.shutdown()
+            raise
         limit = loaded.max_seq_len or RECURRENT_MAX_MODEL_LEN
         max_model_len = min(limit, config.max_model_len) if config.max_model_len else limit
-        template, no_chat_reason = chat_template_for(name, loaded, chat_template)
-        engine = AsyncEngine(loaded, engine_config, name=name, threads=config.threads)
         return HostedModel(name, loaded, engine, max_model_len, int(time.time()), template, no_chat_reason)
 
     def start(self) -> None:

@@ -22,6 +22,7 @@ from models.checkpoint import CheckpointError
 
 from .api.app import attach_host, create_app
 from .config import ServerConfig
+from .engine.process_engine import EngineStartError
 from .hosting import ModelHost
 
 log = logging.getLogger("quill.server")
@@ -70,7 +71,7 @@ def serve(config: ServerConfig) -> int:
             attach_host(app, host)
             log.info("ready: %s (default %s) on http://%s:%d", ", ".join(host.models), host.default,
                      config.host, config.port)
-        except (CheckpointError, ValueError, OSError) as e:
+        except (CheckpointError, EngineStartError, ValueError, OSError) as e:
             log.error("cannot load models: %s", e)
             server.exit_code = 2
             server.should_exit = True

@@ -1,8 +1,8 @@
 """Per-token decode latency against context length, per hosted model, over HTTP.
 
 One streamed greedy request at a time: a prompt of about T tokens, then `decode_tokens`
-new ones; the gaps between consecutive streamed chunks are decode steps at context ~T
-(the first chunk, which carries the prefill, is not a gap). The figures therefore include
+new ones; the time from the first token to the last, per token after the first, is a decode
+step at context ~T (the first token carries the prefill). The figures therefore include
 the server's per-token constant costs (engine step, detokenizer, HTTP) along with the model.
 
 Theory (the survey, sections 3.2, 4.2, 5.2): an LSTM step costs O(N D^2) and a gated-CNN
@@ -53,7 +53,9 @@ def lengths_for(model: ModelInfo, settings: SweepSettings) -> list[int]:
 
 async def _measure_point(http, model: ModelInfo, target: int, tokens_per_word: float, settings: SweepSettings,
                          rng: random.Random) -> dict:
-    gaps, contexts = [], []
+    # Time per output token of each request, not the gaps between chunks: a server that joins the tokens
+    # of several steps into one chunk (a client or event loop that fell behind) sends fewer chunks.
+    per_token, contexts = [], []
     for repeat in range(settings.repeats):
         words = max(1, int(target / tokens_per_word * 0.95))
         for _ in range(4):  # a prompt over the context limit is answered 400: shorten it and try again
@@ -65,11 +67,14 @@ async def _measure_point(http, model: ModelInfo, target: int, tokens_per_word: f
             words = max(1, int(words * 0.85))
         if not result.is_ok:
             raise RuntimeError(f"{model.id}, context {target}: request failed ({result.status}: {result.error})")
-        gaps += result.chunk_gaps
+        if result.tpot is not None:
+            per_token.append(result.tpot)
         contexts.append(result.prompt_tokens)
-    ms = [g * 1000 for g in gaps]
+    if not per_token:
+        raise RuntimeError(f"{model.id}, context {target}: fewer than 2 tokens came back per request")
+    ms = [t * 1000 for t in per_token]
     return {"target": target, "context": int(percentile(contexts, 50)), "ms_per_token": percentile(ms, 50),
-            "p10_ms": percentile(ms, 10), "p90_ms": percentile(ms, 90), "num_gaps": len(ms)}
+            "p10_ms": percentile(ms, 10), "p90_ms": percentile(ms, 90), "num_samples": len(ms)}
 
 
 def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -139,7 +144,7 @@ def format_table(sweep: dict) -> str:
     targets = sorted({p["target"] for m in models.values() for p in m["points"]})
     width = max([12] + [len(n) + 2 for n in names])
     lines = [
-        f"decode latency, ms/token (median gap between streamed tokens; {sweep['decode_tokens']} tokens x "
+        f"decode latency, ms/token (median time per token after the first; {sweep['decode_tokens']} tokens x "
         f"{sweep['repeats']} requests per point, one request at a time)",
         f"{'context':>8}" + "".join(f"{n:>{width}}" for n in names),
     ]

@@ -51,7 +51,7 @@ def attach_host(app: FastAPI, host: ModelHost) -> None:
     app.state.host = host
     for name, hosted in host.models.items():
         app.state.metrics.init_model(name)
-        hosted.engine.on_step = lambda core, name=name: app.state.metrics.engine_step(name, core)
+        hosted.engine.on_stats = lambda stats, name=name: app.state.metrics.engine_step(name, stats)
 
 
 __all__ = ["create_app", "attach_host", "is_openai_path"]

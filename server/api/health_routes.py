@@ -10,8 +10,14 @@ router = APIRouter()
 
 
 @router.get("/health")
-async def health():
-    """The process is up (liveness)."""
+async def health(http: Request):
+    """Liveness: 200 while the server can serve, 503 once an engine has died (its process crashed, its loop
+    broke): a restart is then what helps."""
+    host = getattr(http.app.state, "host", None)
+    dead = {name: m.engine.dead_reason or "not running" for name, m in host.models.items()
+            if not m.engine.is_alive} if host is not None else {}
+    if dead:
+        return JSONResponse({"status": "engine dead", "models": dead}, status_code=503)
     return {"status": "ok"}
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from server.engine.core import EngineStats
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -43,18 +45,17 @@ class Metrics:
                        self.prefix_hits, self.preemptions):
             metric.labels(model=model)
 
-    def engine_step(self, model: str, core) -> None:
-        """Called by the engine thread after every step."""
-        scheduler, cache = core.scheduler, core.cache
-        self.running.labels(model=model).set(len(scheduler.running))
-        self.waiting.labels(model=model).set(len(scheduler.waiting))
-        self.cache_usage.labels(model=model).set(cache.usage)
-        if core.last_step.num_seqs:
-            self.batch_size.labels(model=model).observe(core.last_step.num_seqs)
+    def engine_step(self, model: str, stats: EngineStats) -> None:
+        """Called with the engine's snapshot after every step (on the thread that receives it)."""
+        self.running.labels(model=model).set(stats.num_running)
+        self.waiting.labels(model=model).set(stats.num_waiting)
+        self.cache_usage.labels(model=model).set(stats.cache_usage)
+        if stats.step_num_seqs:
+            self.batch_size.labels(model=model).observe(stats.step_num_seqs)
         for counter, key, total in (
-            (self.prefix_queries, "queries", cache.prefix_queries),
-            (self.prefix_hits, "hits", cache.prefix_hits),
-            (self.preemptions, "preemptions", scheduler.num_preemptions),
+            (self.prefix_queries, "queries", stats.prefix_queries),
+            (self.prefix_hits, "hits", stats.prefix_hits),
+            (self.preemptions, "preemptions", stats.num_preemptions),
         ):
             delta = total - self._seen.get((model, key), 0)
             if delta > 0:

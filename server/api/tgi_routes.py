@@ -333,6 +333,7 @@ async def _events(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
     status = 499  # what the log says if the client leaves before the end
     try:
         async for out in checked(tracker.follow(stream)):
+            events = []  # TGI's protocol has an event per token; the tokens of one output go out in one write
             for c in out.outputs:  # streaming allows no best_of, so this is the one sequence
                 for i, (token_id, entry) in enumerate(zip(c.token_ids, _padded(c.logprobs, len(c.token_ids)))):
                     is_last = c.finish_reason is not None and i == len(c.token_ids) - 1
@@ -345,11 +346,13 @@ async def _events(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
                     if is_last:
                         event |= _final(plan, tokens, c.finish_reason, token_ids)
                         status = 200
-                    yield sse_event(event)
+                    events.append(sse_event(event))
                 if c.finish_reason is not None and status != 200:
                     status = 500
-                    yield _error_event(f"generation ended early ({c.finish_reason})")
+                    yield b"".join(events) + _error_event(f"generation ended early ({c.finish_reason})")
                     return
+            if events:
+                yield b"".join(events)
         if status != 200:
             status = 500
             yield _error_event("incomplete generation stream", "incomplete_generation")

@@ -61,6 +61,20 @@ class StepStats:
     num_preemptions: int = 0
 
 
+@dataclass(slots=True)
+class EngineStats:
+    """What metrics read of an engine after a step: small and picklable, so it travels with each step's
+    outputs when the core runs in a process of its own. Counters are cumulative."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    cache_usage: float = 0.0
+    step_num_seqs: int = 0  # sequences the last step ran (0: no step since the last snapshot)
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    num_preemptions: int = 0
+
+
 class EngineCore:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, max_model_len: int | None = None,
                  graph_capture: GraphCapture | None = None):
@@ -155,6 +169,21 @@ class EngineCore:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
+
+    def stats(self, stepped: bool = True) -> EngineStats:
+        """A snapshot for metrics; `stepped`: whether a step ran since the last snapshot."""
+        scheduler, cache = self.scheduler, self.cache
+        return EngineStats(len(scheduler.running), len(scheduler.waiting), cache.usage,
+                           self.last_step.num_seqs if stepped else 0, cache.prefix_queries, cache.prefix_hits,
+                           scheduler.num_preemptions)
+
+    def describe_cache(self) -> str:
+        """What the cache holds, for the startup log."""
+        state = self.state
+        if state.kind != "paged_kv":
+            return f"{state.num_slots} state slots"
+        return (f"{state.num_blocks * state.block_size} tokens of K,V in blocks of {state.block_size}, "
+                f"attention {state.attention.name}")
 
     def _new_sequence(self, group: SequenceGroup, token_ids: list[int], index: int) -> Sequence:
         seq = Sequence(next(self._seq_ids), group, token_ids, len(group.prompt_token_ids), index=index)

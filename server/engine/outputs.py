@@ -32,3 +32,21 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # with the first output, when asked for
     error: str | None = None
     queue_time: float | None = None  # seconds from arrival to first scheduled (first output only)
+
+
+def merge_outputs(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
+    """One delta covering two consecutive ones of the same request (`earlier` is extended and returned)."""
+    by_index = {c.index: c for c in earlier.outputs}
+    for c in later.outputs:
+        before = by_index.get(c.index)
+        if before is None:
+            earlier.outputs.append(c)
+            continue
+        before.text += c.text
+        before.token_ids = before.token_ids + c.token_ids
+        if c.logprobs is not None:
+            before.logprobs = (before.logprobs or []) + c.logprobs
+        before.finish_reason, before.cumulative_logprob, before.score = c.finish_reason, c.cumulative_logprob, c.score
+    earlier.finished = later.finished
+    earlier.error = earlier.error or later.error
+    return earlier

@@ -170,7 +170,7 @@ def test_context_sweep_table(live_server, tmp_path, capsys):
     assert [p["target"] for p in sweep["tiny-lstm"]["points"]] == [4, 8, 16, 1000]
     assert max(p["target"] for p in sweep["tiny-transformer"]["points"]) <= 64 - 4
     for model in sweep.values():
-        assert all(p["ms_per_token"] > 0 and p["num_gaps"] > 0 for p in model["points"])
+        assert all(p["ms_per_token"] > 0 and p["num_samples"] > 0 for p in model["points"])
         assert model["expected"] in ("flat", "grows") and model["text"]
     out = capsys.readouterr().out
     assert "ms/token" in out and "tiny-lstm (lstm):" in out and "theory" in out

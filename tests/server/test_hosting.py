@@ -66,8 +66,6 @@ def test_load_log_names_the_generation_defaults(hub_server):
 
 
 def test_load_log_says_how_many_tokens_the_cache_holds(hub_server, offline_hub):
-    from models.checkpoint import load_checkpoint
-
     config = load_checkpoint(LLAMA, device="cpu").model.config
     per_token = 2 * config.n_layers * config.n_kv_heads * config.head_dim * 4  # K and V in float32
     backend = "triton" if TEST_DEVICE.type == "cuda" else "sdpa"
@@ -104,9 +102,8 @@ def test_attention_backend_flag(monkeypatch):
 
 
 def test_engine_settings_follow_the_serve_flags():
-    loaded = load_checkpoint("shakespeare-gcnn", device="cpu")
     for argv, eager in (((), False), (("--enforce-eager",), True)):
-        engine = ModelHost._host("gcnn", loaded, parse(*argv, "--max-num-seqs", "8"), 1).engine
+        engine = ModelHost._host("gcnn", "shakespeare-gcnn", parse(*argv, "--max-num-seqs", "8"), (1, 1)).engine
         assert (engine.config.enforce_eager, engine.config.scheduler.max_num_seqs) == (eager, 8)
 
 
@@ -185,3 +182,27 @@ def test_bundled_models_ship_one_documented_chat_template():
     for name in DEFAULT_MODELS:
         assert read_tokenizer_config(BUNDLED_DIR / name).chat_template == source  # what the loader picks up
     assert ChatTemplate(source).render(ONE_TURN) == "USER.\nTo be\n\nQUILL.\n"
+
+
+def test_engine_process_flag(monkeypatch):
+    assert parse().engine_process is None  # a process on CUDA, a thread elsewhere
+    assert parse("--engine-process").engine_process is True
+    assert parse("--no-engine-process").engine_process is False
+    monkeypatch.setenv("QUILL_ENGINE_PROCESS", "0")
+    assert parse().engine_process is False
+
+
+@pytest.mark.parametrize("separate", [True, False])
+def test_engine_processes_load_the_weights_and_share_the_gpu_fraction(tiny_checkpoints, separate):
+    models = [f"{name}={tiny_checkpoints[name]}" for name in ("tiny-lstm", "tiny-gcnn")]
+    host = ModelHost.load(ServerConfig(models=models, device=str(TEST_DEVICE), dtype="float32",
+                                       gpu_memory_utilization=0.8, engine_process=separate))
+    try:
+        shares = [m.engine.config.cache.gpu_memory_utilization for m in host.models.values()]
+        devices = {p.device.type for m in host.models.values() for p in m.loaded.model.parameters()}
+        assert host.all_alive is separate  # a process runs once loaded; a thread waits for start()
+    finally:
+        host.shutdown()
+    # Each engine process sees the earlier ones' memory as taken: its budget is the shares up to its own.
+    assert shares == ([0.4, 0.8] if separate else [0.4, 0.4])
+    assert devices == ({"meta"} if separate else {TEST_DEVICE.type})  # the server never loads them twice

@@ -90,9 +90,10 @@ def test_metrics_pass_promtool(live_server):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_checkpoints):
+@pytest.mark.parametrize("engine", ["--no-engine-process", "--engine-process"])
+def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_checkpoints, engine):
     # Long requests (so the drain is observable even on an idle machine) and a generous drain period.
-    server = LiveServer(tiny_checkpoints, "--drain-seconds", "60", "--max-tokens-limit", "2000")
+    server = LiveServer(tiny_checkpoints, "--drain-seconds", "60", "--max-tokens-limit", "2000", engine)
     server.wait_ready()
     results = {}
 

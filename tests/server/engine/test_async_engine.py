@@ -9,15 +9,14 @@ import pytest
 
 from server.engine.async_engine import AsyncEngine
 from server.engine.core import CacheConfig, EngineConfig
-from server.engine.cpu_threads import StepThreads
 from server.engine.scheduler import QueueFullError, SchedulerConfig
 from server.sampling import SamplingParams
 from tests.server.engine.test_engine import loaded_model
 
 
-def make_engine(tiny_tokenizer, key="transformer-llama", **scheduler) -> AsyncEngine:
+def make_engine(tiny_tokenizer, key="transformer-llama", threads=None, **scheduler) -> AsyncEngine:
     config = EngineConfig(SchedulerConfig(**scheduler), CacheConfig(block_size=4, num_blocks=256))
-    engine = AsyncEngine(loaded_model(key, tiny_tokenizer), config)
+    engine = AsyncEngine(loaded_model(key, tiny_tokenizer), config, threads=threads)
     engine.start()
     return engine
 
@@ -125,9 +124,8 @@ def test_steps_run_with_the_thread_count_asked_for(tiny_tokenizer):
 
     own = torch.get_num_threads()
     seen = []
-    engine = make_engine(tiny_tokenizer)
-    engine.threads = StepThreads(1)
-    engine.on_step = lambda core: seen.append(torch.get_num_threads())
+    engine = make_engine(tiny_tokenizer, threads=1)
+    engine.on_stats = lambda stats: seen.append(torch.get_num_threads())
     try:
         asyncio.run(collect(engine, [3, 4, 5], SamplingParams(max_tokens=3, temperature=0.0)))
     finally:

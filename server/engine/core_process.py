@@ -1,0 +1,106 @@
+"""The engine process: one hosted model's `EngineCore`, alone in an interpreter of its own.
+
+Started by `ProcessEngine` (spawned, so CUDA initialises only here), it loads the checkpoint's
+weights itself, says "ready" (or why it could not load), then loops: apply the requests and aborts
+that came down the pipe, run a step, send one message back carrying every request's outputs of that
+step and a stats snapshot. Detokenization and stop rules stay in this process, inside the step:
+a stop string can only be recognised from the text, and detokenizing costs about 0.5 ms of a 6 ms
+step at 256 streams on a 2-core CPU, while the API process is the busier of the two (at 256 streams
+it spent 1.3-1.5 s of CPU for every 1 s the engine process spent, benchmarks/server_overhead.py):
+moving the text there would slow the side that already limits throughput.
+
+Down a `Connection`: ("add", request id, prompt ids, params), ("abort", request id), ("stop",).
+Up a pipe of pickled frames (wire.py): ("ready", CoreInfo) or ("failed", message) once, then
+("step", the step's outputs, EngineStats, adds received so far).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import signal
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from models.checkpoint import load_checkpoint
+
+from .core import EngineConfig, EngineCore
+from .core_loop import CoreLoop
+from .cpu_threads import StepThreads
+from .wire import encode, write_frame
+
+log = logging.getLogger("quill.engine")
+
+IDLE_POLL_SECONDS = 0.5  # an idle core waits this long for a message before checking the pipe again
+
+
+@dataclass
+class CoreSpec:
+    """Everything the engine process needs to load its model and build its core (picklable)."""
+
+    name: str
+    path: str
+    load_options: dict  # keyword arguments of load_checkpoint: device, dtype, attention_backend, ...
+    engine_config: EngineConfig
+    threads: int | str | None = None
+
+
+@dataclass
+class CoreInfo:
+    """What the API process learns from a loaded core: where it runs and what it reserved."""
+
+    device: str
+    dtype: str
+    cache_bytes: int
+    cache_description: str
+
+
+def run_core_process(conn: Connection, up: Connection, spec: CoreSpec) -> None:
+    """The engine process's main function: requests come on `conn`, frames go up `up`."""
+    # Ctrl-C in a terminal reaches the whole process group: the API process decides when this one stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        loaded = load_checkpoint(spec.path, name=spec.name, **spec.load_options)
+        core = EngineCore(loaded, spec.engine_config)
+    except Exception as e:  # CheckpointError, a bad device or dtype, out of memory: all told to the API process
+        _send(up, ("failed", str(e) or type(e).__name__))
+        return
+    threads = None
+    if loaded.device.type == "cpu" and spec.threads is not None:
+        threads = StepThreads(None if spec.threads == "auto" else spec.threads)
+    _send(up, ("ready", CoreInfo(str(loaded.device), str(loaded.dtype).removeprefix("torch."), core.cache_bytes,
+                                 core.describe_cache())))
+    try:
+        _serve(conn, up, CoreLoop(core, threads))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the API process is gone: so is the reason to run
+
+
+def _send(up: Connection, message: tuple) -> None:
+    write_frame(up.fileno(), pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _serve(conn: Connection, up: Connection, loop: CoreLoop) -> None:
+    core = loop.core
+    num_adds = 0
+    while True:
+        deliveries = []
+        timeout = 0.0 if core.has_work() else IDLE_POLL_SECONDS
+        received = False
+        while conn.poll(timeout):
+            message = conn.recv()
+            received, timeout = True, 0.0
+            if message[0] == "add":
+                num_adds += 1
+                deliveries += filter(None, [loop.add(*message[1:])])
+            elif message[0] == "abort":
+                loop.abort(message[1])
+            else:  # "stop"
+                return
+        stepped = core.has_work()
+        if stepped:
+            deliveries += loop.step()
+        if stepped or received:
+            _send(up, ("step", encode(deliveries), core.stats(stepped), num_adds))

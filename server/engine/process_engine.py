@@ -1,0 +1,157 @@
+"""One hosted model's engine with its core in a process of its own (see core_process.py).
+
+The API process keeps the tokenizer and the model's metadata; requests and aborts go down a
+pipe, and a reader thread takes one message per step off it and wakes each event loop once.
+The step loop and the HTTP side then never compete for one interpreter. A core process that
+dies is noticed at once (its end of the pipe closes): /ready and /health say so, open streams
+fail with EngineDeadError and new requests are refused with 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import pickle
+import threading
+
+from .core import EngineStats
+from .core_process import CoreInfo, CoreSpec, run_core_process
+from .frontend import EngineFrontend
+from .wire import FrameReader, decode
+
+log = logging.getLogger("quill.engine")
+
+
+class EngineStartError(RuntimeError):
+    """The engine process could not load its model (the message says why) or did not start."""
+
+
+class ProcessEngine(EngineFrontend):
+    def __init__(self, spec: CoreSpec, ready_timeout: float | None = None):
+        super().__init__(spec.name, spec.engine_config)
+        self.spec = spec
+        self.ready_timeout = ready_timeout  # None: as long as loading takes
+        self.info: CoreInfo | None = None
+        self._process = None
+        self._conn = None
+        self._send_lock = threading.Lock()  # event loops of several threads may submit
+        self._reader: threading.Thread | None = None
+        self._stopping = False
+        self._stats = EngineStats()
+        self._adds_sent = 0
+        self._adds_received = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.info.cache_bytes if self.info else 0
+
+    def describe_cache(self) -> str:
+        return self.info.cache_description if self.info else "not loaded"
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the engine process and wait until its model is loaded; raises EngineStartError with its reason."""
+        if self._process is not None:
+            return
+        context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA state
+        child_conn, self._conn = context.Pipe(duplex=False)
+        self._up, child_up = context.Pipe(duplex=False)
+        self._process = context.Process(target=run_core_process, args=(child_conn, child_up, self.spec),
+                                        name=f"quill-engine-{self.name}", daemon=True)
+        self._process.start()
+        child_conn.close()  # only the child holds its ends now: its death closes the pipe
+        child_up.close()
+        self._frames = FrameReader(self._up.fileno())
+        log.info("%s: engine process started (pid %d)", self.name, self._process.pid)
+        message = self._first_message()
+        if message[0] != "ready":
+            self._process.join(5)
+            raise EngineStartError(f"{self.name}: {message[1]}")
+        self.info = message[1]
+        self._reader = threading.Thread(target=self._read, name=f"engine-reader-{self.name}", daemon=True)
+        self._reader.start()
+
+    def _first_message(self) -> tuple:
+        if not self._up.poll(self.ready_timeout):
+            self._process.kill()
+            return ("failed", f"the engine process did not load its model within {self.ready_timeout:.0f}s")
+        try:
+            return self._receive()[0]
+        except (EOFError, OSError):
+            self._process.join(5)
+            return ("failed", f"the engine process exited while loading (exit code {self._process.exitcode})")
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        if self._process is None:
+            return
+        self._stopping = True
+        try:
+            self._send(("stop",))
+        except (OSError, EOFError):
+            pass
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        if self._reader is not None:
+            self._reader.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return (self._process is not None and self._process.is_alive() and self.info is not None
+                and self.dead_reason is None)
+
+    @property
+    def num_pending(self) -> int:
+        """The core's waiting requests at its last message, and those sent since that it had not yet seen."""
+        return self._stats.num_waiting + self._adds_sent - self._adds_received
+
+    # ---- the pipe ------------------------------------------------------------------
+
+    def _send(self, message: tuple) -> None:
+        with self._send_lock:
+            self._conn.send(message)
+
+    def _send_add(self, request_id: str, prompt_token_ids: list[int], params) -> None:
+        self._adds_sent += 1
+        self._send_or_fail(("add", request_id, prompt_token_ids, params))
+
+    def _send_abort(self, request_id: str) -> None:
+        self._send_or_fail(("abort", request_id))
+
+    def _send_or_fail(self, message: tuple) -> None:
+        try:
+            self._send(message)
+        except (OSError, EOFError):  # the process died between the liveness check and now: the reader tells all
+            pass
+
+    def _receive(self) -> list[tuple]:
+        return [pickle.loads(frame) for frame in self._frames.read()]
+
+    def _read(self) -> None:
+        """The reader thread: every step message that has arrived, delivered with one wake-up per event loop."""
+        try:
+            while True:
+                deliveries = []
+                for _, wire, stats, adds_received in self._receive():
+                    deliveries += decode(wire)
+                    self._report(stats)
+                self._stats, self._adds_received = stats, adds_received
+                if deliveries:
+                    self._deliver_all(deliveries)
+        except (EOFError, OSError):
+            pass
+        except BaseException as e:  # a message this side cannot read: the engine is unusable
+            log.exception("%s: reading the engine process failed", self.name)
+            self._fail_all(f"engine process unreadable: {type(e).__name__}: {e}")
+            return
+        if not self._stopping:
+            self._process.join(1)
+            reason = f"engine process exited unexpectedly (exit code {self._process.exitcode})"
+            log.error("%s: %s", self.name, reason)
+            self._fail_all(reason)

@@ -1,0 +1,140 @@
+"""The engine core in a process of its own: the same outputs as on a thread, load errors told plainly,
+a dead process noticed; and what both engine kinds share: coalesced streams, clear step errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+import torch
+
+from models.checkpoint import load_checkpoint
+from server.engine.async_engine import AsyncEngine
+from server.engine.core import CacheConfig, EngineConfig
+from server.engine.core_process import CoreSpec
+from server.engine.frontend import EngineDeadError
+from server.engine.process_engine import EngineStartError, ProcessEngine
+from server.engine.scheduler import SchedulerConfig
+from server.sampling import SamplingParams
+from tests.conftest import TEST_DEVICE
+
+CONFIG = EngineConfig(SchedulerConfig(max_num_seqs=8), CacheConfig(block_size=4, num_blocks=256))
+
+
+def spec(path: str, name: str = "m") -> CoreSpec:
+    return CoreSpec(name, path, dict(device=str(TEST_DEVICE), dtype="float32"), CONFIG)
+
+
+async def run(engine, prompts, params):
+    async def one(prompt):
+        text, ids = "", []
+        async for out in engine.generate(prompt, params):
+            text += out.outputs[0].text
+            ids += out.outputs[0].token_ids
+        return text, ids
+    return await asyncio.gather(*(one(p) for p in prompts))
+
+
+@pytest.fixture(scope="module")
+def process_engine(tiny_checkpoints):
+    engine = ProcessEngine(spec(tiny_checkpoints["tiny-transformer"]))
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+def test_same_outputs_as_the_thread_engine(process_engine, tiny_checkpoints):
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8]]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
+    thread_engine = AsyncEngine(load_checkpoint(tiny_checkpoints["tiny-transformer"], device=TEST_DEVICE), CONFIG)
+    thread_engine.start()
+    try:
+        expected = asyncio.run(run(thread_engine, prompts, params))
+    finally:
+        thread_engine.shutdown()
+    assert asyncio.run(run(process_engine, prompts, params)) == expected
+    assert all(len(ids) == 12 for _, ids in expected)
+    assert process_engine.info.cache_bytes > 0 and process_engine.num_active == 0
+
+
+def test_refusals_come_back_as_the_streams_errors(process_engine):
+    async def main():
+        return [out async for out in process_engine.generate([], SamplingParams(max_tokens=2))]
+    with pytest.raises(ValueError, match="no tokens"):
+        asyncio.run(main())
+
+
+def test_a_load_error_is_told_plainly(tmp_path):
+    engine = ProcessEngine(spec(str(tmp_path / "missing")))
+    with pytest.raises(EngineStartError, match="no such checkpoint directory"):
+        engine.start()
+    assert not engine.is_alive
+
+
+def test_a_dead_engine_process_fails_open_streams_and_new_requests(tiny_checkpoints):
+    engine = ProcessEngine(spec(tiny_checkpoints["tiny-lstm"]))
+    engine.start()
+
+    async def main():
+        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=5000, ignore_eos=True))
+        await stream.__anext__()
+        os.kill(engine.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError, match="exit code -9"):
+            async for _ in stream:
+                pass
+
+    try:
+        asyncio.run(main())
+        assert not engine.is_alive
+        with pytest.raises(EngineDeadError, match="exited unexpectedly"):
+            engine.submit([1], SamplingParams(max_tokens=1))
+    finally:
+        engine.shutdown()
+
+
+def test_waiting_outputs_are_read_as_one(tiny_checkpoints):
+    """A reader that falls behind gets one output covering every step it missed."""
+    engine = AsyncEngine(load_checkpoint(tiny_checkpoints["tiny-lstm"], device=TEST_DEVICE), CONFIG)
+    engine.start()
+
+    async def main():
+        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+        outs = [await stream.__anext__()]
+        for _ in range(200):  # let the engine finish while nobody reads
+            if engine.core.has_work():
+                await asyncio.sleep(0.01)
+        outs += [out async for out in stream]
+        return outs
+
+    try:
+        outs = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert len(outs) == 2 and outs[-1].finished
+    assert sum(len(o.outputs[0].token_ids) for o in outs) == 20
+
+
+def test_out_of_memory_in_a_step_fails_its_requests_clearly(tiny_checkpoints, monkeypatch):
+    engine = AsyncEngine(load_checkpoint(tiny_checkpoints["tiny-lstm"], device=TEST_DEVICE), CONFIG)
+
+    def out_of_memory(batch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    real_run = engine.core.runner.run
+    monkeypatch.setattr(engine.core.runner, "run", out_of_memory)
+    engine.start()
+
+    async def main():
+        failed = [out async for out in engine.generate([1, 2], SamplingParams(max_tokens=3))]
+        monkeypatch.setattr(engine.core.runner, "run", real_run)
+        ok = [out async for out in engine.generate([1, 2], SamplingParams(max_tokens=3, ignore_eos=True))]
+        return failed, ok
+
+    try:
+        failed, ok = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert failed[-1].error.startswith("out of GPU memory while generating (CUDA out of memory")
+    assert ok[-1].error is None and sum(len(o.outputs[0].token_ids) for o in ok) == 3
