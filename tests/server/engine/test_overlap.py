@@ -200,3 +200,28 @@ def test_real_models_with_beams_and_samples_match_sync(tiny_tokenizer, arch):
     assert without_unasked_logprobs(overlapped, arrivals) == without_unasked_logprobs(sync, arrivals)
     assert len(sync["n2"]) == 2 and len(sync["beam"]) == 2
     assert engine.num_overlapped_steps > 5
+
+
+@pytest.mark.parametrize("arch", ["lstm", "transformer-llama"])
+def test_overlapped_steps_replay_graphs_with_the_eager_answers(tiny_tokenizer, arch):
+    """Decode steps replayed as (emulated, on the CPU) graphs take their input tokens from the device too."""
+    from tests.server.engine.test_graphs import make_engine, record_replays, run_arrivals
+
+    # Batches shrink and grow (1 to 7 sequences) so that several buckets replay, with padding rows.
+    arrivals = [(step, f"r{i}", [3 + i, 4 + i, 5 + i], SamplingParams(max_tokens=4 + 3 * i, ignore_eos=True,
+                                                                     **(GREEDY if i % 2 else SEEDED)))
+                for i, step in enumerate([0, 0, 1, 6, 6, 6, 7])]
+    loaded = loaded_model(arch, tiny_tokenizer)
+    expected = run_arrivals(make_engine(loaded, graphs=False), arrivals)
+    engine = make_engine(loaded, graphs=True, async_scheduling=True)
+    replays = record_replays(engine)
+    got = run_arrivals(engine, arrivals)
+    assert got.keys() == expected.keys()
+    for request_id, outputs in expected.items():
+        for index, want in outputs.items():
+            have = got[request_id][index]
+            assert (have["token_ids"], have["text"], have["finish_reason"]) == \
+                (want["token_ids"], want["text"], want["finish_reason"]), (request_id, index)
+    assert engine.num_overlapped_steps > 10 and len(replays) > engine.num_overlapped_steps
+    assert any(real < size for real, size in replays) and len({size for _, size in replays}) >= 3, replays
+    assert_drained(engine)
