@@ -112,6 +112,7 @@ class ModelHost:
                         gpu_memory_utilization=config.gpu_memory_utilization / num_models,
                         enable_prefix_caching=config.enable_prefix_caching),
             enforce_eager=config.enforce_eager,
+            async_scheduling=config.async_scheduling,
         )
         limit = loaded.max_seq_len or RECURRENT_MAX_MODEL_LEN
         max_model_len = min(limit, config.max_model_len) if config.max_model_len else limit

@@ -108,6 +108,7 @@ def test_engine_settings_follow_the_serve_flags():
     for argv, eager in (((), False), (("--enforce-eager",), True)):
         engine = ModelHost._host("gcnn", loaded, parse(*argv, "--max-num-seqs", "8"), 1).engine
         assert (engine.config.enforce_eager, engine.config.scheduler.max_num_seqs) == (eager, 8)
+    assert ModelHost._host("gcnn", loaded, parse("--async-scheduling"), 1).engine.config.async_scheduling is True
 
 
 def test_cache_size_flags(monkeypatch):
