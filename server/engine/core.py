@@ -190,8 +190,9 @@ class EngineCore:
     def _overlapped_step(self) -> list[RequestOutput]:
         """Launch the next decode step if it can be known now, then commit the step in flight."""
         previous, self._in_flight = self._in_flight, None
-        self.scheduler.commit(live_work(previous.batch))  # its input tokens are all on the host by now
-        following = next_decode(self.scheduler, previous.batch)
+        live = live_work(previous.batch)  # less what finished or was aborted since it was scheduled
+        self.scheduler.commit(live)  # its input tokens are all on the host by now
+        following = next_decode(self.scheduler, live)
         if following is not None:
             self._in_flight = self.runner.launch(following, inputs_from=previous)
             self.num_overlapped_steps += 1

@@ -44,16 +44,15 @@ def live_work(batch: ScheduledBatch) -> ScheduledBatch:
     return ScheduledBatch(work=[(seq, n) for seq, n in batch.work if is_live(seq)])
 
 
-def next_decode(scheduler: Scheduler, previous: ScheduledBatch) -> ScheduledBatch | None:
-    """The step after `previous` (in flight, committed as if each sequence got its token), or None when
-    it cannot be known before `previous`'s tokens reach the host."""
-    if scheduler.waiting:
+def next_decode(scheduler: Scheduler, live: ScheduledBatch) -> ScheduledBatch | None:
+    """The step after `live` (the live part of the step in flight, committed as if each sequence got its
+    token), or None when it cannot be known before that step's tokens reach the host."""
+    if scheduler.waiting or not live.work:
         return None
-    work = [(seq, 1) for seq, _ in previous.work if is_live(seq)]
-    if not work or len(work) != sum(len(group.seqs) for group in scheduler.running):
-        return None  # some running sequence was not in the previous step: the scheduler decides
+    if len(live.work) != sum(len(group.seqs) for group in scheduler.running):
+        return None  # some running sequence was not in the step in flight: the scheduler decides
     allocate = scheduler.cache.allocate
-    for seq, _ in work:
+    for seq, _ in live.work:
         if not decodes_on_device(seq) or not allocate(seq.seq_id, seq.num_computed, 1):
             return None  # a full cache preempts, and that waits for the step in flight
-    return ScheduledBatch(work=work, cache_ops=scheduler.cache.take_ops())
+    return ScheduledBatch(work=[(seq, 1) for seq, _ in live.work], cache_ops=scheduler.cache.take_ops())
