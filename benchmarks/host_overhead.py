@@ -2,6 +2,7 @@
 
     python -m benchmarks.host_overhead                    # 256 running sequences, greedy and sampled
     python -m benchmarks.host_overhead --seqs 64 --steps 100 --vocab 32000
+    python -m benchmarks.host_overhead --async-scheduling   # each row also with overlapped scheduling
 
 The model is `models.scripted.ScriptedModel` (next-token logits looked up from a table), so what
 a step costs is the engine's own work: scheduling, cache bookkeeping, building the step's inputs,
@@ -37,19 +38,20 @@ SETTINGS = {
 }
 
 
-def scripted_engine(num_seqs: int, vocab_size: int, state_kind: str) -> EngineCore:
+def scripted_engine(num_seqs: int, vocab_size: int, state_kind: str, async_scheduling: bool = False) -> EngineCore:
     tokenizer = Tokenizer(build_tokenizer(vocab_size), eos_token_id=0)
     model = ScriptedModel(ScriptedConfig(vocab_size=vocab_size, state_kind=state_kind)).eval()
     loaded = LoadedModel(name="scripted", path=Path("scripted"), architecture="scripted", model=model,
                          tokenizer=tokenizer, eos_token_ids=[0], device=torch.device("cpu"), dtype=torch.float32)
     config = EngineConfig(SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=8192, max_queue=num_seqs),
-                          CacheConfig(num_blocks=num_seqs * 64))
+                          CacheConfig(num_blocks=num_seqs * 64), async_scheduling=async_scheduling)
     return EngineCore(loaded, config)
 
 
-def measure(num_seqs: int, steps: int, vocab_size: int, setting: str, state_kind: str = "paged_kv") -> dict:
+def measure(num_seqs: int, steps: int, vocab_size: int, setting: str, state_kind: str = "paged_kv",
+            async_scheduling: bool = False) -> dict:
     """Median wall time of a decode step with `num_seqs` sequences running, after every prompt is in."""
-    engine = scripted_engine(num_seqs, vocab_size, state_kind)
+    engine = scripted_engine(num_seqs, vocab_size, state_kind, async_scheduling)
     rng = random.Random(0)
     params = SamplingParams(max_tokens=steps + 64, ignore_eos=True, seed=None, **SETTINGS[setting])
     for i in range(num_seqs):
@@ -64,7 +66,9 @@ def measure(num_seqs: int, steps: int, vocab_size: int, setting: str, state_kind
         cpu_times.append(time.thread_time() - cpu_start)
         if engine.last_step.num_seqs != num_seqs:
             raise RuntimeError(f"expected {num_seqs} running sequences, the step ran {engine.last_step.num_seqs}")
-    return {"setting": setting, "state": state_kind, "num_seqs": num_seqs, "vocab_size": vocab_size,
+    if async_scheduling and engine.num_overlapped_steps < steps:
+        raise RuntimeError(f"only {engine.num_overlapped_steps} of {steps} decode steps overlapped")
+    return {"setting": setting, "state": state_kind, "async_scheduling": async_scheduling, "num_seqs": num_seqs, "vocab_size": vocab_size,
             "median_ms": 1e3 * statistics.median(times), "p90_ms": 1e3 * sorted(times)[int(0.9 * len(times))],
             "median_cpu_ms": 1e3 * statistics.median(cpu_times)}
 
@@ -75,6 +79,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--vocab", type=int, default=1024, help="small by default: sampling compute stays out")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="measure every row twice: synchronous, then with overlapped scheduling")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     machine = describe_machine()
@@ -82,10 +88,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for state_kind in ("paged_kv", "slots"):
         for setting in SETTINGS:
-            row = measure(args.seqs, args.steps, args.vocab, setting, state_kind)
-            rows.append(row)
-            print(f"{state_kind:9s} {setting:8s} {row['num_seqs']} seqs: decode step median {row['median_ms']:.2f} ms"
-                  f" (p90 {row['p90_ms']:.2f} ms; CPU time of the step's thread {row['median_cpu_ms']:.2f} ms)")
+            for overlapped in (False, True) if args.async_scheduling else (False,):
+                row = measure(args.seqs, args.steps, args.vocab, setting, state_kind, overlapped)
+                rows.append(row)
+                mode = " overlapped" if overlapped else ""
+                print(f"{state_kind:9s} {setting:8s}{mode} {row['num_seqs']} seqs: decode step median "
+                      f"{row['median_ms']:.2f} ms (p90 {row['p90_ms']:.2f} ms; CPU time of the step's thread "
+                      f"{row['median_cpu_ms']:.2f} ms)")
     return rows
 
 

@@ -66,6 +66,7 @@ def engine_config(server: ServerConfig) -> EngineConfig:
         CacheConfig(block_size=server.block_size, cache_bytes=server.cache_bytes,
                     enable_prefix_caching=server.enable_prefix_caching),
         enforce_eager=server.enforce_eager,
+        async_scheduling=server.async_scheduling,
     )
 
 

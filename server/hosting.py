@@ -125,6 +125,7 @@ class ModelHost:
             CacheConfig(block_size=config.block_size, cache_bytes=config.cache_bytes,
                         gpu_memory_utilization=utilization, enable_prefix_caching=config.enable_prefix_caching),
             enforce_eager=config.enforce_eager,
+            async_scheduling=config.async_scheduling,
         )
         load = dict(generation_config=config.generation_config, attention_backend=config.attention_backend,
                     layer_ops=config.layer_ops)

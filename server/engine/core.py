@@ -2,8 +2,9 @@
 
 `scheduler.schedule()` picks the step's work in plain Python, `runner.run()` does every tensor
 operation and returns chosen tokens, and `_update` commits them: prompt scores, forks into n
-samples, beam moves, then the output processor's deltas. Synchronous and single-threaded on
-purpose: `AsyncEngine` runs it on a thread of its own and feeds it requests and aborts between steps.
+samples, beam moves, then the output processor's deltas. Single-threaded on purpose: `AsyncEngine`
+runs it on a thread of its own and feeds it requests and aborts between steps. With
+`async_scheduling` a decode step is launched before the host commits the one in flight (overlap.py).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from .graph_buckets import graph_batch_sizes
 from .kv_blocks import KVBlockManager
 from .memory import choose_cache_bytes
 from .output_processor import OutputProcessor
+from .overlap import can_overlap, is_live, live_work, next_decode
 from .outputs import RequestOutput
-from .runner import ModelRunner, StepResult
+from .runner import ModelRunner, PendingStep, StepResult
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import Sequence, SequenceGroup
 from .state_slots import StateSlotManager
@@ -52,6 +54,9 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     enforce_eager: bool = False  # never replay decode steps as CUDA graphs (they are captured on CUDA only)
+    # Launch a decode step while the host still commits the one before (overlap.py). Off by default: it
+    # pays off only where the device computes while the host works (CUDA), and it has not yet run there.
+    async_scheduling: bool = False
 
 
 @dataclass
@@ -117,6 +122,8 @@ class EngineCore:
         self.groups: dict[str, SequenceGroup] = {}
         self._seq_ids = itertools.count()
         self.last_step = StepStats()
+        self._in_flight: PendingStep | None = None  # a launched step not yet committed (async_scheduling)
+        self.num_overlapped_steps = 0  # steps launched while the one before was in flight
 
     def _capture_graphs(self, capture: GraphCapture, sizes: list[int], scratch: int) -> None:
         """Capture the decode graphs at startup; a model whose step cannot be captured runs eagerly."""
@@ -168,7 +175,11 @@ class EngineCore:
         return True
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._in_flight is not None
+
+    def discard_in_flight(self) -> None:
+        """Forget a launched step without committing it: after a fault, its requests are failed anyway."""
+        self._in_flight = None
 
     def stats(self, stepped: bool = True) -> EngineStats:
         """A snapshot for metrics; `stepped`: whether a step ran since the last snapshot."""
@@ -193,18 +204,38 @@ class EngineCore:
     # ---- one step ----------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Run a step; returns the outputs ready now (with async_scheduling: those of the step before)."""
+        if self._in_flight is not None:
+            return self._overlapped_step()
         batch = self.scheduler.schedule()
         outputs = [self._finish(g, self.outputs.failed(g, "the request needs more cache than the server reserved"))
                    for g in batch.failed]
         self.last_step = StepStats(len(batch.work), batch.num_tokens, batch.num_preemptions)
+        if self.config.async_scheduling and can_overlap(batch):
+            self._in_flight = self.runner.launch(batch)
+            return outputs + self._overlapped_step()
         if batch.work:
             result = self.runner.run(batch)
+            self.scheduler.commit(batch)
             outputs += self._update(batch, result)
         return outputs
 
+    def _overlapped_step(self) -> list[RequestOutput]:
+        """Launch the next decode step if it can be known now, then commit the step in flight."""
+        previous, self._in_flight = self._in_flight, None
+        live = live_work(previous.batch)  # less what finished or was aborted since it was scheduled
+        self.scheduler.commit(live)  # its input tokens are all on the host by now
+        following = next_decode(self.scheduler, live)
+        if following is not None:
+            self._in_flight = self.runner.launch(following, inputs_from=previous)
+            self.num_overlapped_steps += 1
+            self.last_step = StepStats(len(following.work), following.num_tokens)
+        result = previous.result()
+        result.sampled = [(seq, chosen) for seq, chosen in result.sampled if is_live(seq)]  # no token after an abort
+        return self._update(previous.batch, result)
+
     def _update(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
-        """Commit what the step computed and chose; hand every touched request's delta out."""
-        self.scheduler.commit(batch)
+        """Take in what the committed step chose; hand every touched request's delta out."""
         for seq, entries in result.prompt_logprobs:
             group = seq.group
             if group.prompt_logprobs is None:

@@ -62,6 +62,7 @@ class CoreLoop:
         """Fail the requests the step was running and free their cache. A step can die halfway through its
         bookkeeping, so the cache is then rebuilt from nothing (waiting requests hold no cache)."""
         failed = []
+        self.core.discard_in_flight()  # with async scheduling, a step of those same requests may be launched
         for group in list(self.core.scheduler.running):
             self.core.abort(group.request_id)
             outs = [CompletionOutput(i, "", [], None, "error") for i in range(group.params.n)]

@@ -7,12 +7,17 @@ batch size (`capture_graphs`), (4) on the device: samples a token for every sequ
 tokens are now all computed, ranks the candidates of every beam request with one top-k, and
 scores prompt tokens for requests that asked, and (5) brings everything the host needs back in
 a single device-to-host copy.
+
+`launch` stops before the host waits for that copy: it returns a `PendingStep` whose `result()` waits.
+With overlapped scheduling the engine launches the next decode step in between, its input tokens
+taken on the device from this step's sampled ids (`inputs_from`), so the GPU never waits for the host.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Callable
 
 import torch
 
@@ -71,15 +76,54 @@ class _Transfer:
         self.parts.append(tensor)
         return len(self.parts) - 1
 
-    def fetch(self) -> list[list[float]]:
+    def start(self) -> "_Arrival":
+        """Queue the copy; on CUDA it goes into pinned memory without blocking and an event marks its end."""
         if not self.parts:
+            return _Arrival(None, None, [])
+        flat = torch.cat([p.reshape(-1).to(torch.float64) for p in self.parts])
+        event = None
+        if flat.device.type == "cuda":
+            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            host.copy_(flat, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            flat = host
+        return _Arrival(flat, event, [p.numel() for p in self.parts])
+
+
+@dataclass(slots=True)
+class _Arrival:
+    """A started device-to-host copy of a step's results (on the CPU: already there)."""
+
+    flat: torch.Tensor | None
+    event: object  # torch.cuda.Event, or None where nothing is in flight
+    sizes: list[int]
+
+    def wait(self) -> list[list[float]]:
+        if self.flat is None:
             return []
-        flat = torch.cat([p.reshape(-1).to(torch.float64) for p in self.parts]).cpu().tolist()
+        if self.event is not None:
+            self.event.synchronize()
+        flat = self.flat.tolist()
         out, start = [], 0
-        for p in self.parts:
-            out.append(flat[start : start + p.numel()])
-            start += p.numel()
+        for size in self.sizes:
+            out.append(flat[start : start + size])
+            start += size
         return out
+
+
+@dataclass
+class PendingStep:
+    """A launched step: its result arrives with `result()`; `sampled_ids` stay on the device for the next step."""
+
+    batch: ScheduledBatch
+    sampled_seqs: list[Sequence]  # the sequence of each row of `sampled_ids`
+    sampled_ids: torch.Tensor | None  # (rows,) int64, the tokens chosen for `sampled_seqs`
+    arrival: _Arrival
+    build: Callable[[list[list[float]]], StepResult]
+
+    def result(self) -> StepResult:
+        return self.build(self.arrival.wait())
 
 
 class ModelRunner:
@@ -112,18 +156,38 @@ class ModelRunner:
 
     # ---- the step ------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepResult:
+        return self.launch(batch).result()
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, inputs_from: PendingStep | None = None) -> PendingStep:
+        """Queue the step's device work and its copy back. `inputs_from`: a step still in flight whose sampled
+        ids are the input tokens of this one's sequences (each a one-token decode; its token is not on the host)."""
         apply_cache_ops(self.state, batch.cache_ops)
         if batch.admitted:
             self.sampling.write([g.slot for g in batch.admitted], [g.params for g in batch.admitted])
         packed, plan = self._pack(batch.work)
+        if inputs_from is not None:
+            packed.token_source = self._token_source(batch, inputs_from)
         size = choose_bucket(packed.query_lens, self.graph_sizes)
         if size is None:
             logits = self.model.step(self._step_batch(packed), self.state)  # (rows of plan, V)
         else:
             logits = self._replay(packed, size)
-        return self._finish(logits, plan)
+        return self._finish(batch, logits, plan)
+
+    def _token_source(self, batch: ScheduledBatch, previous: PendingStep) -> torch.Tensor:
+        """(rows,) the input token of each of `batch`'s sequences, picked from the previous step's sampled ids."""
+        row_of = {seq: i for i, seq in enumerate(previous.sampled_seqs)}
+        rows = [row_of[seq] for seq, _ in batch.work]
+        if rows == list(range(len(previous.sampled_seqs))):
+            return previous.sampled_ids
+        return previous.sampled_ids.index_select(0, torch.tensor(rows, device=self.device))
+
+    def _splice_tokens(self, packed: "_Packed") -> None:
+        """Overwrite the placeholder input tokens with those still on the device (see `launch`)."""
+        if packed.token_source is not None:
+            self.token_ids[: packed.token_source.shape[0]].copy_(packed.token_source)
 
     # ---- CUDA graphs -----------------------------------------------------------------------
 
@@ -157,6 +221,7 @@ class ModelRunner:
         """Write a step's inputs into its bucket's buffers; rows past the real ones are padding: token 0 at
         position 0, whose K,V or state goes to the scratch block or slot."""
         self._upload(self.token_ids, pad_rows(packed.tokens, size, 0))
+        self._splice_tokens(packed)
         self._upload(self.positions, pad_rows(packed.positions, size, 0))
         if not self.paged:
             self._upload(self.slots, pad_rows(packed.where, size, self.scratch))
@@ -196,15 +261,15 @@ class ModelRunner:
         for seq, n in work:
             start = seq.num_computed
             token_ids = seq.token_ids
-            if n == 1:
-                tokens.append(token_ids[start])
+            if n == 1:  # a decode; its token is still on the device when the step overlaps the previous one
+                tokens.append(token_ids[start] if start < len(token_ids) else 0)
                 positions.append(start)
             else:
                 tokens += token_ids[start : start + n]
                 positions += range(start, start + n)
             where.append(locate(seq.seq_id))
             group = seq.group
-            completes = start + n == len(token_ids)
+            completes = start + n >= len(token_ids)
             if group.params.prompt_logprobs is not None and not group.is_forked:
                 count = min(n, seq.num_prompt_tokens - 1 - start)  # rows predicting prompt tokens
                 if count > 0:
@@ -225,8 +290,10 @@ class ModelRunner:
 
     def _step_batch(self, packed: "_Packed") -> StepBatch:
         """An eager step's input: the fronts of the persistent buffers, block tables as wide as the widest."""
+        token_ids = self._upload(self.token_ids, packed.tokens)
+        self._splice_tokens(packed)
         step = StepBatch(
-            token_ids=self._upload(self.token_ids, packed.tokens),
+            token_ids=token_ids,
             positions=self._upload(self.positions, packed.positions),
             query_lens=packed.query_lens,
             logits_indices=self._upload(self.logits_indices, packed.rows),
@@ -244,13 +311,15 @@ class ModelRunner:
             step.slots = self._upload(self.slots, where)
         return step
 
-    def _finish(self, logits: torch.Tensor, plan: "_Plan") -> StepResult:
+    def _finish(self, batch: ScheduledBatch, logits: torch.Tensor, plan: "_Plan") -> PendingStep:
         transfer = _Transfer()
         sampled = self._sample(logits, plan, transfer)
         beams = self._rank_beams(logits, plan, transfer)
         scored = self._score_prompts(logits, plan, transfer)
-        host = transfer.fetch()  # the step's one device-to-host copy
-        return StepResult(sampled(host), beams(host), scored(host))
+        arrival = transfer.start()  # the step's one device-to-host copy
+        ids = transfer.parts[0] if plan.sampled else None  # `_sample` queues its token ids first
+        return PendingStep(batch, [seq for seq, _ in plan.sampled], ids, arrival,
+                           lambda host: StepResult(sampled(host), beams(host), scored(host)))
 
     # ---- sampling ------------------------------------------------------------------------
 
@@ -375,6 +444,7 @@ class _Packed:
     rows: list[int] = field(default_factory=list)  # packed token index of each logits row
     where: list = field(default_factory=list)  # per sequence: its block table (paged K,V) or state slot
     query_lens: list[int] = field(default_factory=list)
+    token_source: torch.Tensor | None = None  # (rows,) input tokens already on the device (see `launch`)
 
 
 @dataclass

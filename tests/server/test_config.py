@@ -16,3 +16,8 @@ def parse(*argv: str):
 def test_enforce_eager_is_off_unless_asked():
     assert parse().enforce_eager is False  # graphs on CUDA; the CPU never captures any
     assert parse("--enforce-eager").enforce_eager is True
+
+
+def test_async_scheduling_is_off_unless_asked():
+    assert parse().async_scheduling is False
+    assert parse("--async-scheduling").async_scheduling is True

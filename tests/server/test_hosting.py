@@ -102,9 +102,10 @@ def test_attention_backend_flag(monkeypatch):
 
 
 def test_engine_settings_follow_the_serve_flags():
-    for argv, eager in (((), False), (("--enforce-eager",), True)):
+    for argv, on in (((), False), (("--enforce-eager", "--async-scheduling"), True)):
         engine = ModelHost._host("gcnn", "shakespeare-gcnn", parse(*argv, "--max-num-seqs", "8"), (1, 1)).engine
-        assert (engine.config.enforce_eager, engine.config.scheduler.max_num_seqs) == (eager, 8)
+        config = engine.config
+        assert (config.enforce_eager, config.async_scheduling, config.scheduler.max_num_seqs) == (on, on, 8)
 
 
 def test_cache_size_flags(monkeypatch):

@@ -47,10 +47,11 @@ def graph_capture():
     return None if TEST_DEVICE.type == "cuda" else EmulatedGraphs()
 
 
-def make_engine(loaded, graphs: bool, max_num_seqs: int = 16, prefix: bool = True) -> EngineCore:
+def make_engine(loaded, graphs: bool, max_num_seqs: int = 16, prefix: bool = True,
+                async_scheduling: bool = False) -> EngineCore:
     config = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=48),
                           CacheConfig(block_size=BLOCK_SIZE, num_blocks=256, enable_prefix_caching=prefix),
-                          enforce_eager=not graphs)
+                          enforce_eager=not graphs, async_scheduling=async_scheduling)
     return EngineCore(loaded, config, max_model_len=64, graph_capture=graph_capture() if graphs else None)
 
 
