@@ -8,19 +8,16 @@ reference); "triton" fuses each into one kernel (the CUDA default). Like the att
 
 from __future__ import annotations
 
-import logging
 from typing import Protocol
 
 import torch
 from torch import nn
 
+from ..device_choice import DeviceRegistry
 from .torch_ops import TORCH_OPS, TorchLayerOps
 from .triton_ops import TritonLayerOps
 
 __all__ = ["LAYER_OPS", "LayerOps", "TORCH_OPS", "default_layer_ops", "select_layer_ops"]
-
-log = logging.getLogger("quill.models")
-
 
 class LayerOps(Protocol):
     name: str
@@ -41,28 +38,14 @@ class LayerOps(Protocol):
 
 
 LAYER_OPS: dict[str, type[LayerOps]] = {"torch": TorchLayerOps, "triton": TritonLayerOps}
-DEFAULTS_BY_DEVICE = {"cuda": "triton"}  # any other device type: "torch"
+_REGISTRY = DeviceRegistry("layer ops", LAYER_OPS, reference="torch", defaults={"cuda": "triton"})
 
 
-def default_layer_ops(device: torch.device) -> str:
+def default_layer_ops(device: torch.device | str) -> str:
     """The registry's choice for `device`: its default where that can run there, else "torch"."""
-    name = DEFAULTS_BY_DEVICE.get(torch.device(device).type, "torch")
-    reason = LAYER_OPS[name].unavailable_reason(torch.device(device))
-    if reason is not None:
-        log.warning("layer ops %r %s; using 'torch'", name, reason)
-        return "torch"
-    return name
+    return _REGISTRY.default(device)
 
 
 def select_layer_ops(name: str, device: torch.device | str) -> LayerOps:
     """The ops for `name` ("auto": the device's default); ValueError if they cannot run on `device`."""
-    device = torch.device(device)
-    if name == "auto":
-        name = default_layer_ops(device)
-    if name not in LAYER_OPS:
-        raise ValueError(f"layer ops must be auto or one of {', '.join(LAYER_OPS)}, not {name!r}")
-    ops = LAYER_OPS[name]
-    reason = ops.unavailable_reason(device)
-    if reason is not None:
-        raise ValueError(f"layer ops {name!r} {reason}")
-    return ops()
+    return _REGISTRY.select(name, device)()

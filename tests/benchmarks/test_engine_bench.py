@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
@@ -14,15 +13,6 @@ from benchmarks.parts import PARTS
 from benchmarks.settings import SMOKE
 from benchmarks.tokenized import spread_subset, tokenize
 from clients.bench.workload import TargetModel, WorkloadSpec, build_requests
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on a machine shared with other jobs, two spinning threads can take 10x longer."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_smoke_suite_runs_every_part(tmp_path, capsys):

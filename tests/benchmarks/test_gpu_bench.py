@@ -7,7 +7,6 @@ import gzip
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
@@ -22,15 +21,6 @@ from server.config import ServerConfig
 
 def quiet(message: str) -> None:
     pass
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on a machine shared with other jobs, two spinning threads can take 10x longer."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_smoke_run_writes_every_part_of_a_shape(tmp_path, capsys):

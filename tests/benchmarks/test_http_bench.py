@@ -5,21 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
 from benchmarks.http_bench import main
 from benchmarks.settings import HTTP_SMOKE
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on a machine shared with other jobs, two spinning threads can take 10x longer."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_smoke_run_puts_http_beside_the_in_process_runs(tmp_path, capsys):
