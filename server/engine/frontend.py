@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 
 from .core import EngineConfig, EngineStats
@@ -23,7 +24,7 @@ class EngineDeadError(RuntimeError):
     """The engine loop has stopped; the model serves nothing until restarted."""
 
 
-class EngineFrontend:
+class EngineFrontend(ABC):
     """The interface routes use; subclasses run the core and call `_deliver_all` with its outputs."""
 
     def __init__(self, name: str, config: EngineConfig):
@@ -36,26 +37,26 @@ class EngineFrontend:
 
     # ---- what a subclass provides ----------------------------------------------------
 
-    def start(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def start(self) -> None: ...
 
-    def shutdown(self, timeout: float = 5.0) -> None:
-        raise NotImplementedError
-
-    @property
-    def is_alive(self) -> bool:
-        raise NotImplementedError
+    @abstractmethod
+    def shutdown(self, timeout: float = 5.0) -> None: ...
 
     @property
+    @abstractmethod
+    def is_alive(self) -> bool: ...
+
+    @property
+    @abstractmethod
     def num_pending(self) -> int:
         """Requests waiting for admission, including those not yet handed to the core."""
-        raise NotImplementedError
 
-    def _send_add(self, request_id: str, prompt_token_ids: list[int], params) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _send_add(self, request_id: str, prompt_token_ids: list[int], params) -> None: ...
 
-    def _send_abort(self, request_id: str) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _send_abort(self, request_id: str) -> None: ...
 
     # ---- requests ------------------------------------------------------------------
 
@@ -135,7 +136,10 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        out, self._held = (self._held, None) if self._held is not None else (await self._queue.get(), None)
+        if self._held is not None:
+            out, self._held = self._held, None
+        else:
+            out = await self._queue.get()
         # Outputs of several steps already waiting become one: one event and one write for all of them.
         while isinstance(out, RequestOutput) and not out.finished and not self._queue.empty():
             later = self._queue.get_nowait()

@@ -110,7 +110,8 @@ def test_graphs_give_the_eager_answers_for_greedy_seeded_sampling_and_beams(load
     assert engine.cache.usage == 0
 
 
-@pytest.mark.skipif(TEST_DEVICE.type != KERNEL_DEVICE.type, reason="Triton runs on the GPU, or in the interpreter")
+@pytest.mark.skipif(TEST_DEVICE.type != KERNEL_DEVICE.type,
+                    reason="Triton kernels run on the GPU, or on the CPU in the interpreter (set only without a GPU)")
 def test_graphs_with_the_triton_backend_give_the_eager_answers(tiny_tokenizer):
     def triton_model():
         loaded = loaded_model("transformer-llama", tiny_tokenizer)
