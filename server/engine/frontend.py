@@ -76,7 +76,10 @@ class EngineFrontend(ABC):
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = (asyncio.get_running_loop(), queue)
         self._send_add(request_id, list(prompt_token_ids), params)
-        return RequestStream(self, request_id, queue)
+        # Joined outputs keep every token's log-probability, but a client that draws a span per token takes
+        # the texts of `logprobs.tokens`, which are decoded one token at a time and can differ from the
+        # output text (a Metaspace token's space): those requests get one output per step.
+        return RequestStream(self, request_id, queue, coalesce=getattr(params, "logprobs", None) is None)
 
     async def generate(self, prompt_token_ids: list[int], params, request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """Submit and yield outputs as they come; leaving early aborts the request."""
@@ -123,8 +126,9 @@ def _put_all(batch: list[tuple[asyncio.Queue, object]]) -> None:
 class RequestStream:
     """The outputs of one submitted request, in order; the last one has `finished` set."""
 
-    def __init__(self, engine: EngineFrontend, request_id: str, queue: asyncio.Queue):
+    def __init__(self, engine: EngineFrontend, request_id: str, queue: asyncio.Queue, coalesce: bool = True):
         self.engine = engine
+        self.coalesce = coalesce
         self.request_id = request_id
         self._queue = queue
         self._held: object | None = None  # an error that waits until the outputs before it are read
@@ -141,7 +145,7 @@ class RequestStream:
         else:
             out = await self._queue.get()
         # Outputs of several steps already waiting become one: one event and one write for all of them.
-        while isinstance(out, RequestOutput) and not out.finished and not self._queue.empty():
+        while self.coalesce and isinstance(out, RequestOutput) and not out.finished and not self._queue.empty():
             later = self._queue.get_nowait()
             if not isinstance(later, RequestOutput):
                 self._held = later

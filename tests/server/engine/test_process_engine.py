@@ -138,3 +138,25 @@ def test_out_of_memory_in_a_step_fails_its_requests_clearly(tiny_checkpoints, mo
         engine.shutdown()
     assert failed[-1].error.startswith("out of GPU memory while generating (CUDA out of memory")
     assert ok[-1].error is None and sum(len(o.outputs[0].token_ids) for o in ok) == 3
+
+
+def test_a_reader_of_logprobs_gets_one_output_per_step(tiny_checkpoints):
+    """`logprobs.tokens` texts are decoded token by token: a page drawing a span per token needs each step."""
+    engine = AsyncEngine(load_checkpoint(tiny_checkpoints["tiny-lstm"], device=TEST_DEVICE), CONFIG)
+    engine.start()
+
+    async def main():
+        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=1))
+        outs = [await stream.__anext__()]
+        for _ in range(200):
+            if engine.core.has_work():
+                await asyncio.sleep(0.01)
+        outs += [out async for out in stream]
+        return outs
+
+    try:
+        outs = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert [len(o.outputs[0].token_ids) for o in outs] == [1] * 6
+    assert all(len(o.outputs[0].logprobs) == 1 for o in outs)
