@@ -125,6 +125,14 @@ class IncrementalDecoder:
             text, self._cut = text[self._cut :], max(0, self._cut - len(text))
         return text
 
+    def peek(self, token_ids: Sequence[int]) -> list[str]:
+        """The text each of `token_ids` would add if pushed now (with anything held back), pushing none;
+        a character one leaves unfinished shows as U+FFFD, since nothing after it can complete it."""
+        window = self._ids[self._prefix_offset :]
+        prefix = len(self._hf.decode(self._ids[self._prefix_offset : self._read_offset], self._skip_special_tokens))
+        texts = self._hf.decode_batch([window + [t] for t in token_ids], self._skip_special_tokens)
+        return [text[prefix:][self._cut :] for text in texts]
+
     def flush(self) -> str:
         """Whatever is still held back (a character cut short at the very end decodes to U+FFFD)."""
         text = self._slice_delta(final=True)

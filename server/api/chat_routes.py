@@ -32,6 +32,7 @@ from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
 from .generation import resolve_model, submit, until_disconnected
 from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
+from .token_texts import TokenTexts
 from .tracking import RequestTracker
 from .validation import (
     build_params,
@@ -131,20 +132,25 @@ def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: Host
 
 
 class _Logprobs:
-    """OpenAI's chat logprobs: per token its text, log-probability, UTF-8 bytes and best alternatives."""
+    """OpenAI's chat logprobs: per token its text, log-probability, UTF-8 bytes and best alternatives; a
+    token's text is what it adds to the message (token_texts.py), its bytes are that text's."""
 
-    def __init__(self, hosted: HostedModel):
+    def __init__(self, hosted: HostedModel, prompt_ids: list[int]):
         self.tokenizer = hosted.tokenizer
+        self.prompt_ids = prompt_ids
+        self.texts: dict[int, TokenTexts] = {}  # per choice, across the chunks of a stream
 
-    def entry(self, token_id: int, logprob: float) -> dict:
-        # A token's own text (special tokens shown); a byte-level piece of a character decodes to U+FFFD,
-        # and its bytes are those of that text, as vLLM reports them.
-        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+    @staticmethod
+    def entry(text: str, logprob: float) -> dict:
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
-    def content(self, token_ids: list[int], entries: list[TokenLogprob] | None) -> list[dict]:
-        return [{**self.entry(t, e.logprob), "top_logprobs": [self.entry(a, lp) for a, lp in e.top]}
-                for t, e in zip(token_ids, entries or [])]
+    def content(self, index: int, token_ids: list[int], entries: list[TokenLogprob] | None, ends: bool) -> list[dict]:
+        texts = self.texts.setdefault(index, TokenTexts(self.tokenizer, self.prompt_ids))
+        content = []
+        for i, (token_id, e) in enumerate(zip(token_ids, entries or [])):
+            text, top = texts.next(token_id, e, is_last=ends and i == len(token_ids) - 1)
+            content.append({**self.entry(text, e.logprob), "top_logprobs": [self.entry(t, lp) for _, t, lp in top]})
+        return content
 
 
 @router.post("/v1/chat/completions", responses={**OPENAI_ERROR_RESPONSES, **JSON_OR_SSE_RESPONSE})
@@ -195,12 +201,13 @@ async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker)
     finally:
         stream.close()
     tracker.done(200)
-    logprobs = _Logprobs(plan.hosted)
+    logprobs = _Logprobs(plan.hosted, plan.prompt.ids)
     return {
         **plan.envelope("chat.completion"),
         "choices": [
             {"index": i, "message": {"role": ROLE, "content": c.text},
-             "logprobs": {"content": logprobs.content(c.token_ids, c.logprobs)} if plan.logprobs else None,
+             "logprobs": ({"content": logprobs.content(i, c.token_ids, c.logprobs, ends=True)}
+                          if plan.logprobs else None),
              "finish_reason": c.finish_reason}
             for i, c in sorted(choices.items())
         ],
@@ -217,7 +224,7 @@ def _error_event(message: str) -> bytes:
 async def _chunks(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
     """A first chunk per choice with the role, then content deltas (with their logprobs), the finish
     reason with the last; usage in a chunk of its own when asked; then [DONE]."""
-    logprobs = _Logprobs(plan.hosted)
+    logprobs = _Logprobs(plan.hosted, plan.prompt.ids)
 
     def chunk(index: int, delta: dict, finish_reason: str | None = None, content_logprobs: list | None = None):
         choice = {"index": index, "delta": delta,
@@ -233,7 +240,8 @@ async def _chunks(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
             for c in out.outputs:
                 if c.finish_reason in ("abort", "error"):
                     raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
-                entries = logprobs.content(c.token_ids, c.logprobs) if plan.logprobs else None
+                ends = c.finish_reason is not None
+                entries = logprobs.content(c.index, c.token_ids, c.logprobs, ends) if plan.logprobs else None
                 if c.text or c.finish_reason or entries:
                     yield chunk(c.index, {"content": c.text}, c.finish_reason, entries)
         status = 200

@@ -16,6 +16,7 @@ from .generation import resolve_model, submit, until_disconnected
 from .openai_schemas import CompletionRequest
 from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
+from .token_texts import TokenTexts
 from .tracking import RequestTracker
 from .validation import (
     build_params,
@@ -92,16 +93,18 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
     return params, prompts
 
 
-def _logprobs_block(tokenizer, entries: list[TokenLogprob | None], ids: list[int], offset: int) -> dict:
-    """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+def _logprobs_block(texts: TokenTexts, entries: list[TokenLogprob | None], ids: list[int], offset: int,
+                    ends: bool) -> dict:
+    """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset. `texts` has
+    seen the tokens before `ids`; `ends`: the last of `ids` ends the sequence."""
     tokens, token_logprobs, tops, offsets = [], [], [], []
-    for token_id, entry in zip(ids, entries):
-        text = tokenizer.decode([token_id], skip_special_tokens=False)
+    for i, (token_id, entry) in enumerate(zip(ids, entries)):
+        text, top = texts.next(token_id, entry, is_last=ends and i == len(ids) - 1)
         tokens.append(text)
         offsets.append(offset)
         offset += len(text)
         token_logprobs.append(None if entry is None else entry.logprob)
-        tops.append(None if entry is None else {tokenizer.decode([t], skip_special_tokens=False): lp for t, lp in entry.top})
+        tops.append(None if entry is None else {alt_text: lp for _, alt_text, lp in top})
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -176,9 +179,11 @@ async def _complete(request, hosted, params, prompts, streams, trackers, complet
                 logprobs = None
                 if request.logprobs is not None:
                     entries, token_ids = o["logprobs"], o["ids"][: len(o["logprobs"])]
+                    context = ids
                     if request.echo:
                         entries, token_ids = (prompt_entries or [None] * len(ids)) + entries, ids + token_ids
-                    logprobs = _logprobs_block(tokenizer, entries, token_ids, 0)
+                        context = ()
+                    logprobs = _logprobs_block(TokenTexts(tokenizer, context), entries, token_ids, 0, ends=True)
                 choices.append({"index": p * request.n + i, "text": choice_text, "logprobs": logprobs,
                                 "finish_reason": o["finish"]})
     finally:
@@ -203,7 +208,7 @@ async def _stream(request, hosted, params, prompts, streams, trackers, completio
         return sse_event({"id": completion_id, "object": "text_completion", "created": created, "model": hosted.name,
                           "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
 
-    def chunks(p, text, out, echoed, offsets):
+    def chunks(p, ids, text, out, echoed, offsets, texts):
         for c in out.outputs:
             index = p * request.n + c.index
             prefix = ""
@@ -212,7 +217,9 @@ async def _stream(request, hosted, params, prompts, streams, trackers, completio
                 prefix = text
             logprobs = None
             if request.logprobs is not None and c.token_ids:
-                logprobs = _logprobs_block(tokenizer, c.logprobs or [], c.token_ids, offsets.get(index, 0))
+                sequence = texts.setdefault(index, TokenTexts(tokenizer, ids))
+                logprobs = _logprobs_block(sequence, c.logprobs or [], c.token_ids, offsets.get(index, 0),
+                                           ends=c.finish_reason is not None)
                 offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs["tokens"])
             if prefix or c.text or c.finish_reason or logprobs:
                 yield chunk(index, prefix + c.text, c.finish_reason, logprobs)
@@ -222,10 +229,11 @@ async def _stream(request, hosted, params, prompts, streams, trackers, completio
         for p, ((ids, text), stream, tracker) in enumerate(zip(prompts, streams, trackers)):
             echoed: set[int] = set()
             offsets: dict[int, int] = {}
+            texts: dict[int, TokenTexts] = {}  # per choice: its tokens' texts so far
             status = 499  # until the stream ends normally: a client that leaves is logged as such
             try:
                 async for out in checked(tracker.follow(stream)):
-                    for event in chunks(p, text, out, echoed, offsets):
+                    for event in chunks(p, ids, text, out, echoed, offsets, texts):
                         yield event
                 status = 200
             except APIError as e:

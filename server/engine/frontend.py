@@ -76,10 +76,7 @@ class EngineFrontend(ABC):
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = (asyncio.get_running_loop(), queue)
         self._send_add(request_id, list(prompt_token_ids), params)
-        # Joined outputs keep every token's log-probability, but a client that draws a span per token takes
-        # the texts of `logprobs.tokens`, which are decoded one token at a time and can differ from the
-        # output text (a Metaspace token's space): those requests get one output per step.
-        return RequestStream(self, request_id, queue, coalesce=getattr(params, "logprobs", None) is None)
+        return RequestStream(self, request_id, queue)
 
     async def generate(self, prompt_token_ids: list[int], params, request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """Submit and yield outputs as they come; leaving early aborts the request."""
@@ -126,9 +123,8 @@ def _put_all(batch: list[tuple[asyncio.Queue, object]]) -> None:
 class RequestStream:
     """The outputs of one submitted request, in order; the last one has `finished` set."""
 
-    def __init__(self, engine: EngineFrontend, request_id: str, queue: asyncio.Queue, coalesce: bool = True):
+    def __init__(self, engine: EngineFrontend, request_id: str, queue: asyncio.Queue):
         self.engine = engine
-        self.coalesce = coalesce
         self.request_id = request_id
         self._queue = queue
         self._held: object | None = None  # an error that waits until the outputs before it are read
@@ -145,7 +141,7 @@ class RequestStream:
         else:
             out = await self._queue.get()
         # Outputs of several steps already waiting become one: one event and one write for all of them.
-        while self.coalesce and isinstance(out, RequestOutput) and not out.finished and not self._queue.empty():
+        while isinstance(out, RequestOutput) and not out.finished and not self._queue.empty():
             later = self._queue.get_nowait()
             if not isinstance(later, RequestOutput):
                 self._held = later

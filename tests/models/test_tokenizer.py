@@ -153,3 +153,16 @@ def test_deltas_add_up_for_any_text(both, name, text, cut, specials, skip):
         ids.insert(min(at, len(ids)), special)
     prompt, output = ids[: min(cut, len(ids) - 1)], ids[min(cut, len(ids) - 1) :]
     assert "".join(deltas(tokenizer, prompt, output, skip)) == contract(tokenizer, prompt, output, skip)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_peek_is_what_the_next_push_adds_without_pushing(tokenizer, text):
+    """Peeking reads what pushing then adds (with any piece held back before it), and moves nothing; a token
+    that leaves a character open adds "" when pushed and peeks as U+FFFD."""
+    ids = encode(tokenizer, text)
+    decoder = IncrementalDecoder(tokenizer, ids[:1], skip_special_tokens=False)
+    for token_id in ids[1:]:
+        peeked = decoder.peek([token_id, ids[0], token_id])
+        assert peeked[0] == peeked[2]
+        pushed = decoder.push(token_id)
+        assert peeked[0] == pushed or (pushed == "" and peeked[0].endswith("\ufffd")), (peeked, pushed)

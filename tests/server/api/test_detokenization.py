@@ -174,6 +174,39 @@ async def test_openai_samples_and_beams_follow_the_contract(client, model, skip)
     assert beams["choices"][0]["text"] == s.text(skip_special_tokens=skip)
 
 
+async def test_openai_logprobs_tokens_spell_the_continuation(client, model):
+    """Each token's text is what it adds after those before it: a span per token draws the text exactly
+    (a Metaspace token keeps its space, a byte piece of the emoji adds "" until the piece that ends it)."""
+    name, s = model
+    expected = s.text(skip_special_tokens=False)
+    plain = (await complete(client, name, logprobs=2, skip_special_tokens=False))["choices"][0]
+    assert plain["text"] == expected and "".join(plain["logprobs"]["tokens"]) == expected
+    tokens = plain["logprobs"]["tokens"]
+    assert tokens[0] == s.text(1, skip_special_tokens=False) and tokens[0].startswith(" ")
+    assert plain["logprobs"]["text_offset"] == [len("".join(tokens[:i])) for i in range(len(tokens))]
+    # Greedy: each step's likeliest alternative is the chosen token; it reads as that token in place.
+    for token, top in zip(tokens, plain["logprobs"]["top_logprobs"]):
+        if token and "\ufffd" not in token:
+            assert max(top, key=top.get) == token
+    r = await client.post("/v1/completions", json={"model": name, "prompt": PROMPT, "max_tokens": MAX_TOKENS,
+                                                   "temperature": 0, "stream": True, "logprobs": 1,
+                                                   "skip_special_tokens": False})
+    chunks = [c["choices"][0] for c in sse_payloads(r.text)[:-1]]
+    streamed = [t for c in chunks if c["logprobs"] for t in c["logprobs"]["tokens"]]
+    assert streamed == tokens
+    offsets = [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]]
+    assert offsets == plain["logprobs"]["text_offset"]
+
+
+async def test_openai_echoed_logprobs_tokens_spell_prompt_and_continuation(client, model):
+    name, s = model
+    ids = s.prompt_ids
+    echoed = (await complete(client, name, prompt=ids, echo=True, logprobs=0, skip_special_tokens=False))
+    tokens = echoed["choices"][0]["logprobs"]["tokens"]
+    assert len(tokens) == len(ids) + MAX_TOKENS
+    assert "".join(tokens) == s.tokenizer.decode(ids + s.output_ids(MAX_TOKENS), skip_special_tokens=False)
+
+
 # ---- TGI /generate and /generate_stream ------------------------------------------------------
 
 

@@ -140,8 +140,8 @@ def test_out_of_memory_in_a_step_fails_its_requests_clearly(tiny_checkpoints, mo
     assert ok[-1].error is None and sum(len(o.outputs[0].token_ids) for o in ok) == 3
 
 
-def test_a_reader_of_logprobs_gets_one_output_per_step(tiny_checkpoints):
-    """`logprobs.tokens` texts are decoded token by token: a page drawing a span per token needs each step."""
+def test_a_slow_reader_of_logprobs_gets_joined_outputs_with_every_logprob(tiny_checkpoints):
+    """Outputs that waited are joined for requests with log-probabilities too, each token's entry kept."""
     engine = AsyncEngine(load_checkpoint(tiny_checkpoints["tiny-lstm"], device=TEST_DEVICE), CONFIG)
     engine.start()
 
@@ -158,5 +158,6 @@ def test_a_reader_of_logprobs_gets_one_output_per_step(tiny_checkpoints):
         outs = asyncio.run(main())
     finally:
         engine.shutdown()
-    assert [len(o.outputs[0].token_ids) for o in outs] == [1] * 6
-    assert all(len(o.outputs[0].logprobs) == 1 for o in outs)
+    assert len(outs) <= 2 and sum(len(o.outputs[0].token_ids) for o in outs) == 6
+    assert all(len(o.outputs[0].logprobs) == len(o.outputs[0].token_ids) for o in outs)
+    assert all(len(e.top) == 1 for o in outs for e in o.outputs[0].logprobs)
