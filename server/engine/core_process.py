@@ -9,7 +9,8 @@ step at 256 streams on a 2-core CPU, while the API process is the busier of the 
 it spent 1.3-1.5 s of CPU for every 1 s the engine process spent, benchmarks/server_overhead.py):
 moving the text there would slow the side that already limits throughput.
 
-Down a `Connection`: ("add", request id, prompt ids, params), ("abort", request id), ("stop",).
+Down a `Connection`: lists of messages, each ("add", request id, prompt ids, params),
+("abort", request id) or ("stop",).
 Up a pipe of pickled frames (wire.py): ("ready", CoreInfo) or ("failed", message) once, then
 ("step", the step's outputs, EngineStats, adds received so far).
 """
@@ -90,15 +91,15 @@ def _serve(conn: Connection, up: Connection, loop: CoreLoop) -> None:
         timeout = 0.0 if core.has_work() else IDLE_POLL_SECONDS
         received = False
         while conn.poll(timeout):
-            message = conn.recv()
             received, timeout = True, 0.0
-            if message[0] == "add":
-                num_adds += 1
-                deliveries += filter(None, [loop.add(*message[1:])])
-            elif message[0] == "abort":
-                loop.abort(message[1])
-            else:  # "stop"
-                return
+            for message in conn.recv():
+                if message[0] == "add":
+                    num_adds += 1
+                    deliveries += filter(None, [loop.add(*message[1:])])
+                elif message[0] == "abort":
+                    loop.abort(message[1])
+                else:  # "stop"
+                    return
         stepped = core.has_work()
         if stepped:
             deliveries += loop.step()

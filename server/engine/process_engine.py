@@ -1,7 +1,9 @@
 """One hosted model's engine with its core in a process of its own (see core_process.py).
 
 The API process keeps the tokenizer and the model's metadata; requests and aborts go down a
-pipe, and a reader thread takes one message per step off it and wakes each event loop once.
+pipe, written by a sender thread (a burst of long prompts can fill the pipe while the core is in
+a long step, and the event loop must never wait for that), and a reader thread takes one message
+per step off the pipe back and wakes each event loop once.
 The step loop and the HTTP side then never compete for one interpreter. A core process that
 dies is noticed at once (its end of the pipe closes): /ready and /health say so, open streams
 fail with EngineDeadError and new requests are refused with 503.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import pickle
+import queue
 import threading
 
 from .core import EngineStats
@@ -34,7 +37,8 @@ class ProcessEngine(EngineFrontend):
         self.info: CoreInfo | None = None
         self._process = None
         self._conn = None
-        self._send_lock = threading.Lock()  # event loops of several threads may submit
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # messages for the sender thread; None ends it
+        self._sender: threading.Thread | None = None
         self._reader: threading.Thread | None = None
         self._stopping = False
         self._stats = EngineStats()
@@ -75,6 +79,8 @@ class ProcessEngine(EngineFrontend):
         self.info = message[1]
         self._reader = threading.Thread(target=self._read, name=f"engine-reader-{self.name}", daemon=True)
         self._reader.start()
+        self._sender = threading.Thread(target=self._write, name=f"engine-sender-{self.name}", daemon=True)
+        self._sender.start()
 
     def _first_message(self) -> tuple:
         if not self._up.poll(self.ready_timeout):
@@ -90,10 +96,11 @@ class ProcessEngine(EngineFrontend):
         if self._process is None:
             return
         self._stopping = True
-        try:
-            self._send(("stop",))
-        except (OSError, EOFError):
-            pass
+        if self._sender is not None:
+            self._outbox.put(None)  # after every message queued before: it sends them, then "stop"
+            self._sender.join(timeout)
+        else:  # the model never loaded: nothing else was sent
+            self._send_or_fail([("stop",)])
         self._process.join(timeout)
         if self._process.is_alive():
             self._process.kill()
@@ -113,22 +120,31 @@ class ProcessEngine(EngineFrontend):
 
     # ---- the pipe ------------------------------------------------------------------
 
-    def _send(self, message: tuple) -> None:
-        with self._send_lock:
-            self._conn.send(message)
-
     def _send_add(self, request_id: str, prompt_token_ids: list[int], params) -> None:
         self._adds_sent += 1
-        self._send_or_fail(("add", request_id, prompt_token_ids, params))
+        self._outbox.put(("add", request_id, prompt_token_ids, params))
 
     def _send_abort(self, request_id: str) -> None:
-        self._send_or_fail(("abort", request_id))
+        self._outbox.put(("abort", request_id))
 
-    def _send_or_fail(self, message: tuple) -> None:
+    def _write(self) -> None:
+        """The sender thread: whatever has been queued goes down the pipe as one message, in order."""
+        while True:
+            messages = [self._outbox.get()]
+            while not self._outbox.empty():
+                messages.append(self._outbox.get())
+            stop = None in messages
+            if stop:
+                messages = messages[: messages.index(None)] + [("stop",)]
+            if not self._send_or_fail(messages) or stop:
+                return
+
+    def _send_or_fail(self, messages: list[tuple]) -> bool:
         try:
-            self._send(message)
-        except (OSError, EOFError):  # the process died between the liveness check and now: the reader tells all
-            pass
+            self._conn.send(messages)
+            return True
+        except (OSError, EOFError):  # the process died: the reader tells every stream
+            return False
 
     def _receive(self) -> list[tuple]:
         return [pickle.loads(frame) for frame in self._frames.read()]

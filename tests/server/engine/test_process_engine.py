@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -161,3 +163,32 @@ def test_a_slow_reader_of_logprobs_gets_joined_outputs_with_every_logprob(tiny_c
     assert len(outs) <= 2 and sum(len(o.outputs[0].token_ids) for o in outs) == 6
     assert all(len(o.outputs[0].logprobs) == len(o.outputs[0].token_ids) for o in outs)
     assert all(len(e.top) == 1 for o in outs for e in o.outputs[0].logprobs)
+
+
+def test_submitting_never_waits_for_a_busy_engine_process(tiny_checkpoints):
+    """A burst of requests overfills the pipe while the core cannot read it (stopped here, as if in a long
+    step): submitting still returns at once, and every request is served once the core goes on."""
+    engine = ProcessEngine(spec(tiny_checkpoints["tiny-lstm"]))
+    engine.start()
+    # What fills the pipe is bytes: a long stop string makes each request ~10 KiB without a long prefill.
+    params = SamplingParams(max_tokens=2, ignore_eos=True, stop=["never seen " * 1000])
+
+    async def main():
+        os.kill(engine.pid, signal.SIGSTOP)
+        resume = threading.Timer(5.0, os.kill, (engine.pid, signal.SIGCONT))  # if submitting blocks after all
+        resume.start()
+        started = time.perf_counter()
+        streams = [engine.submit([1, 2, 3], params) for _ in range(100)]  # ~15 times what a pipe buffers
+        submitting = time.perf_counter() - started
+        resume.cancel()
+        os.kill(engine.pid, signal.SIGCONT)
+        outs = [[out async for out in stream] for stream in streams]
+        return submitting, outs
+
+    try:
+        submitting, outs = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert submitting < 1.0
+    assert all(o[-1].finished and o[-1].error is None for o in outs)
+    assert sum(len(out.outputs[0].token_ids) for o in outs for out in o) == 200
