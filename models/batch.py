@@ -39,7 +39,8 @@ class StepBatch:
     def flat_index(self) -> torch.Tensor:
         """(T,) where each packed token sits in a right-padded (B * max_query_len) layout."""
         seq_of_token = torch.repeat_interleave(
-            torch.arange(self.num_seqs), torch.tensor(self.query_lens, dtype=torch.long)
+            torch.arange(self.num_seqs), torch.tensor(self.query_lens, dtype=torch.long),
+            output_size=self.num_tokens,  # known on the host: no value is read to size the output
         ).to(self.token_ids.device)
         offset = torch.arange(self.num_tokens, device=self.token_ids.device) - self.seq_starts[seq_of_token]
         return seq_of_token * self.max_query_len + offset

@@ -15,8 +15,9 @@ V = 300
 class Cache:
     """Just enough bookkeeping to drive `model.step` in tests: one slot or a run of blocks per sequence."""
 
-    def __init__(self, model, num_seqs: int, max_len: int = 64):
+    def __init__(self, model, num_seqs: int, max_len: int = 64, device: torch.device = TEST_DEVICE):
         self.model = model
+        self.device = device
         self.paged = model.state_kind == "paged_kv"
         blocks_per_seq = -(-max_len // BLOCK_SIZE)
         if self.paged:
@@ -30,7 +31,7 @@ class Cache:
         where = (
             dict(block_tables=[self.tables[i] for i in seq_ids]) if self.paged else dict(slots=seq_ids)
         )
-        batch = StepBatch.build(new_tokens, [self.lengths[i] for i in seq_ids], logits=logits, device=TEST_DEVICE,
+        batch = StepBatch.build(new_tokens, [self.lengths[i] for i in seq_ids], logits=logits, device=self.device,
                                 **where)
         out = self.model.step(batch, self.state)
         for i, toks in zip(seq_ids, new_tokens):
