@@ -3,19 +3,14 @@
 
 from __future__ import annotations
 
-import threading
-
 import httpx
-import pytest
 
-from clients.ready import wait_until_ready
 from server.api.app import create_app
 from server.api.errors import is_openai_path
 from server.api.generation import LOADING_RETRY_AFTER_SECONDS
-from server.hosting import ModelHost
-from server.serve import build_server
 from tests.conftest import free_port
 from tests.server.api.conftest import server_config
+from tests.server.api.held_server import HeldLoadServer
 
 # A valid body for every route of the OpenAPI document that takes one, so the refusal is about loading.
 BODIES = {
@@ -61,43 +56,19 @@ async def test_every_route_answers_while_loading(tiny_checkpoints):
         assert playground.status_code == 200
 
 
-@pytest.fixture
-def held_load(monkeypatch):
-    """ModelHost.load waits until the event it returns is set."""
-    release = threading.Event()
-    load = ModelHost.load
-
-    def held(config):
-        assert release.wait(60), "the test never let the load go"
-        return load(config)
-
-    monkeypatch.setattr(ModelHost, "load", staticmethod(held))
-    return release
-
-
-def test_a_loading_server_refuses_then_serves(tiny_checkpoints, held_load):
-    config = server_config(tiny_checkpoints, port=free_port())
-    url = f"http://127.0.0.1:{config.port}"
-    server = build_server(config)
-    running = threading.Thread(target=server.run, name="quill-under-test")
-    running.start()
-    try:
-        wait_until_ready(url, 30, path="/health", still_starting=running.is_alive)  # listening, still loading
+def test_a_loading_server_refuses_then_serves(tiny_checkpoints):
+    with HeldLoadServer(server_config(tiny_checkpoints, port=free_port())) as held:
+        url = held.url
         assert httpx.get(f"{url}/ready").status_code == 503
         for path in ("/v1/models", "/info"):
             assert_refused_while_loading(httpx.get(url + path), path)
         assert_refused_while_loading(httpx.post(f"{url}/tokenize", json=BODIES["/tokenize"]), "/tokenize")
-        held_load.set()
-        wait_until_ready(url, 60, still_starting=running.is_alive)
+        held.release()
+        held.wait_ready()
         listed = httpx.get(f"{url}/v1/models")
         assert listed.status_code == 200 and "Retry-After" not in listed.headers
         assert [m["id"] for m in listed.json()["data"]] == list(tiny_checkpoints)
         info = httpx.get(f"{url}/info").json()
-        assert info["model_id"] == str(tiny_checkpoints[next(iter(tiny_checkpoints))])
+        assert info["model_id"] == tiny_checkpoints[next(iter(tiny_checkpoints))]
         assert httpx.post(f"{url}/tokenize", json=BODIES["/tokenize"]).json()["count"] > 0
-    finally:
-        held_load.set()
-        wait_until_ready(url, 60, still_starting=running.is_alive)  # a load cut short would leave engines running
-        server.should_exit = True
-        running.join(30)
-    assert not running.is_alive() and server.exit_code == 0
+    assert held.server.exit_code == 0
