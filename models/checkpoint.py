@@ -164,6 +164,7 @@ def load_checkpoint(
     attention_backend: str = "auto",
     layer_ops: str = "auto",
     weights: bool = True,
+    revision: str | None = None,
 ) -> LoadedModel:
     """Load a checkpoint (directory, bundled model name or hub id) for inference (eval mode).
 
@@ -176,10 +177,12 @@ def load_checkpoint(
     models.kernels.LAYER_OPS or "auto" (fused Triton kernels on CUDA, eager PyTorch elsewhere).
     `weights`: False loads everything but the weights (the model stays on the meta device): for a
     process that tokenizes and validates while another process runs the model.
+    `revision`: for a hub id, the branch, tag or commit (or a unique prefix of a cached one) to
+    read; None reads main.
     """
     if generation_config not in GENERATION_CONFIG_MODES:
         raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, not {generation_config!r}")
-    location = locate(path)
+    location = locate(path, revision)
     path = location.path
     # A hub snapshot's directory is named after a commit: name the model after its hub id.
     name = name or (location.model_id if location.revision else path.name)

@@ -12,6 +12,7 @@ of the checkpoint.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -50,7 +51,8 @@ def _shard_map(directory: Path) -> dict[str, Path]:
     files = {}
     for file in sorted(set(weight_map.values())):
         shard = directory / file
-        if shard.resolve().parent != directory.resolve():  # the index names files, not paths
+        # The index names files, not paths. Lexically: in the hub cache a snapshot's files are links into blobs/.
+        if os.path.dirname(os.path.normpath(shard)) != os.path.normpath(directory):
             raise CheckpointError(index, f"shard {file!r} is not a file of the checkpoint directory")
         if not shard.is_file():
             raise CheckpointError(shard, f"missing file (a shard listed in {WEIGHTS_INDEX_FILE})")

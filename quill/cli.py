@@ -15,7 +15,7 @@ from server.sampling import SamplingParams
 
 
 def _generate(args: argparse.Namespace) -> int:
-    loaded = load_checkpoint(args.model, device=args.device, dtype=args.dtype)
+    loaded = load_checkpoint(args.model, device=args.device, dtype=args.dtype, revision=args.revision)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k or -1,
                             seed=args.seed, ignore_eos=args.ignore_eos)
     sys.stdout.write(args.prompt)
@@ -31,6 +31,9 @@ def _add_generate_parser(subparsers) -> None:
     p.add_argument("prompt")
     p.add_argument("--model", default="shakespeare-transformer",
                    help="checkpoint directory, bundled model name or Hugging Face hub id (org/name)")
+    p.add_argument("--revision", default=None,
+                   help="of a hub id: a branch or tag (the cache's refs/REV) or a commit, in full or a prefix of a "
+                        "cached one (default: main)")
     p.add_argument("--max-tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
     p.add_argument("--top-k", type=int, default=40, help="0 to sample from the whole vocabulary")

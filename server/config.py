@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from models.attention import ATTENTION_BACKENDS
 from models.checkpoint import BUNDLED_DIR, GENERATION_CONFIG_MODES
 from models.kernels import LAYER_OPS
-from models.location import is_hub_id
+from models.location import check_revision, is_hub_id
 
 DEFAULT_MODELS = ["shakespeare-transformer", "shakespeare-lstm", "shakespeare-gcnn"]  # the first is the default
 
@@ -19,6 +19,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     models: list[str] = field(default_factory=list)  # NAME=MODEL or MODEL (directory or hub id); empty: bundled
+    revisions: list[str] = field(default_factory=list)  # [NAME=]REV: the hub revision of model NAME (or every hub id)
     device: str = "auto"
     dtype: str = "auto"
     max_num_seqs: int = 64
@@ -72,6 +73,30 @@ class ServerConfig:
             raise ValueError(f"model names must be unique, got {names}")
         return out
 
+    def model_revisions(self) -> dict[str, str]:
+        """Model name -> the branch, tag or commit its hub id is read at (a model left out reads main). A bare
+        REV is every hub id's; NAME=REV is model NAME's, which must be hosted by hub id."""
+        specs = self.model_specs()
+        hosted, hub_models = [name for name, _ in specs], [name for name, model in specs if is_hub_id(model)]
+        given: dict[str | None, str] = {}
+        for spec in self.revisions:
+            name, sep, revision = spec.partition("=")  # a revision never holds "=", nor a model name
+            if not sep:
+                name, revision = None, spec
+            if name in given:
+                raise ValueError(f"--revision given twice for {name or 'every hub id'}")
+            if name is not None and name not in hosted:
+                raise ValueError(f"--revision {spec}: no hosted model is named {name!r} (hosted: {', '.join(hosted)})")
+            if name is not None and name not in hub_models:
+                raise ValueError(f"--revision {spec}: the model {name!r} is not a Hugging Face hub id, so it has no "
+                                 "revisions")
+            if name is None and not hub_models:
+                raise ValueError(f"--revision {spec}: no hosted model is a Hugging Face hub id, so none has revisions")
+            check_revision(revision)
+            given[name] = revision
+        revisions = {name: given.get(name, given.get(None)) for name in hub_models}
+        return {name: revision for name, revision in revisions.items() if revision is not None}
+
     def chat_template_files(self) -> dict[str | None, str]:
         """Model name (None: every model) -> the chat template file that replaces its checkpoint's."""
         files = {}
@@ -111,6 +136,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     repeated("--model", "models", "NAME=MODEL or MODEL, where MODEL is a checkpoint directory or a Hugging Face hub "
                                   "id (org/name) in the local HF cache; repeat for several models; the first is the "
                                   "default (default: the three bundled models)")
+    repeated("--revision", "revisions", "[NAME=]REV: read the hub id of model NAME, or of every model given by hub "
+                                        "id, at REV: a branch or tag (the cache's refs/REV) or a commit, in full or "
+                                        "a prefix of a cached one (default: main)")
     arg("--device", str, d.device, "auto | cpu | cuda")
     arg("--dtype", str, d.dtype, "auto | float32 | bfloat16 | float16")
     arg("--max-num-seqs", int, d.max_num_seqs, "sequences running at once per model")

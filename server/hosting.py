@@ -88,16 +88,19 @@ class ModelHost:
         if unknown:
             raise ValueError(f"--chat-template names models that are not hosted: {', '.join(sorted(unknown))}")
         templates = {name: read_chat_template(file) for name, file in template_files.items()}
+        revisions = config.model_revisions()
         try:
             for i, (name, path) in enumerate(specs, 1):
                 start = time.monotonic()
-                log.info("loading model %d/%d: %s from %s", i, len(specs), name, path)
+                at = f" at revision {revisions[name]}" if name in revisions else ""
+                log.info("loading model %d/%d: %s from %s%s", i, len(specs), name, path, at)
                 hosted = models[name] = cls._host(name, path, config, (i, len(specs)),
-                                                  templates.get(name, templates.get(None)))
+                                                  templates.get(name, templates.get(None)), revisions.get(name))
                 loaded, engine = hosted.loaded, hosted.engine
                 log.info(
-                    "loaded %s: %s, %.1fM parameters, %s on %s, %.1f MiB cache reserved (%s), max_model_len %d, "
-                    "in %.1fs", name, loaded.architecture, loaded.num_parameters / 1e6,
+                    "loaded %s%s: %s, %.1fM parameters, %s on %s, %.1f MiB cache reserved (%s), max_model_len %d, "
+                    "in %.1fs", name, f" (commit {loaded.revision})" if loaded.revision else "",
+                    loaded.architecture, loaded.num_parameters / 1e6,
                     str(loaded.dtype).removeprefix("torch."), loaded.device, engine.cache_bytes / 2**20,
                     engine.describe_cache(), hosted.max_model_len, time.monotonic() - start,
                 )
@@ -112,8 +115,8 @@ class ModelHost:
 
     @staticmethod
     def _host(name: str, path: str, config: ServerConfig, position: tuple[int, int],
-              chat_template: str | None = None) -> HostedModel:
-        """`position`: (this model's number from 1, how many are hosted)."""
+              chat_template: str | None = None, revision: str | None = None) -> HostedModel:
+        """`position`: (this model's number from 1, how many are hosted); `revision`: of a hub id (None: main)."""
         separate = uses_engine_process(config)
         number, num_models = position
         # Models on one GPU share the fraction equally, each engine sizing its cache alone, models loaded in
@@ -128,7 +131,7 @@ class ModelHost:
             async_scheduling=config.async_scheduling,
         )
         load = dict(generation_config=config.generation_config, attention_backend=config.attention_backend,
-                    layer_ops=config.layer_ops)
+                    layer_ops=config.layer_ops, revision=revision)
         if separate:
             engine = ProcessEngine(CoreSpec(name, path, dict(device=config.device, dtype=config.dtype, **load),
                                             engine_config, config.threads))

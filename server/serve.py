@@ -59,8 +59,8 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(config: ServerConfig) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def build_server(config: ServerConfig) -> DrainingServer:
+    """The server, not yet running: its models start loading on a thread once it runs."""
     app = create_app(None, config)
     server: DrainingServer | None = None
 
@@ -87,6 +87,12 @@ def serve(config: ServerConfig) -> int:
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
                                timeout_graceful_shutdown=max(1, int(config.drain_seconds)))
     server = DrainingServer(uv_config, app, config.drain_seconds)
+    return server
+
+
+def serve(config: ServerConfig) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = build_server(config)
     server.run()
     return server.exit_code
 

@@ -244,6 +244,24 @@ def write_hub_cache(cache: Path) -> dict[str, HubCheckpoint]:
     return out
 
 
+def write_revisions(cache: Path, repo_id: str, source: Path, temperatures: dict[str, float],
+                    refs: dict[str, str]) -> None:
+    """`repo_id` in the hub cache `cache` with a snapshot per commit of `temperatures`, each the checkpoint
+    `source` (its files linked, as the cache links blobs) with its own generation_config.json recommending
+    that temperature, so a load shows which snapshot it read; `refs`: branch or tag -> commit."""
+    repo_dir = snapshot_dir(cache, repo_id).parent.parent
+    for commit, temperature in temperatures.items():
+        snapshot = snapshot_dir(cache, repo_id, commit)
+        snapshot.mkdir(parents=True)
+        for file in source.iterdir():
+            if file.name != "generation_config.json":
+                (snapshot / file.name).symlink_to(file.resolve(), target_is_directory=file.is_dir())
+        (snapshot / "generation_config.json").write_text(json.dumps({"temperature": temperature}))
+    for ref, commit in refs.items():
+        (repo_dir / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
+        (repo_dir / "refs" / ref).write_text(commit)
+
+
 @dataclass
 class ReferenceChat:
     prompt_ids: list[int]  # apply_chat_template(..., add_generation_prompt=True, tokenize=True)

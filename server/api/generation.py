@@ -1,5 +1,6 @@
 """How a parsed and checked request reaches the engine: the hosted model it names (refused while
-loading, draining or overloaded), its submission, and its cancellation when the client goes away."""
+loading, draining or overloaded), its submission, and its cancellation when the client goes away.
+Routes that only describe the models (/v1/models, /info) share the refusal while loading."""
 
 from __future__ import annotations
 
@@ -10,23 +11,33 @@ from fastapi import Request
 
 from server.engine.async_engine import RequestStream
 from server.engine.scheduler import QueueFullError
-from server.hosting import HostedModel
+from server.hosting import HostedModel, ModelHost
 from server.sampling import SamplingParams
 
 from .engine_errors import ENGINE_ERRORS, engine_error
 from .errors import APIError
 
 
+LOADING_RETRY_AFTER_SECONDS = 5  # loading takes seconds to minutes: worth asking again, not at once
+
+
+def loaded_host(http: Request) -> ModelHost:
+    """The hosted models; 503 with Retry-After while they are still loading (as /ready answers 503 then)."""
+    host = http.app.state.host
+    if host is None:
+        raise APIError(503, "the models are still loading; retry shortly (GET /ready answers 200 once they are "
+                            "loaded)", headers={"Retry-After": str(LOADING_RETRY_AFTER_SECONDS)}, reason="loading")
+    return host
+
+
 def resolve_model(http: Request, name: str | None) -> HostedModel:
     """The hosted model a request names (the default when it names none); 503 while loading or draining."""
-    state = http.app.state
-    if state.draining:
+    if http.app.state.draining:
         raise APIError(503, "the server is shutting down", reason="draining")
-    if state.host is None:
-        raise APIError(503, "the models are still loading", reason="loading")
-    hosted = state.host.get(name)
+    host = loaded_host(http)
+    hosted = host.get(name)
     if hosted is None:
-        raise APIError(404, f"the model {name!r} does not exist; hosted models: {', '.join(state.host.models)}",
+        raise APIError(404, f"the model {name!r} does not exist; hosted models: {', '.join(host.models)}",
                        param="model", code="model_not_found", reason="unknown_model")
     limit = hosted.engine.config.scheduler.max_queue
     if hosted.engine.num_pending >= limit:  # cheapest check first: an overloaded server refuses at once

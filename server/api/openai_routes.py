@@ -12,7 +12,7 @@ from server.engine.outputs import TokenLogprob
 
 from .engine_errors import checked
 from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
-from .generation import resolve_model, submit, until_disconnected
+from .generation import loaded_host, resolve_model, submit, until_disconnected
 from .openai_schemas import CompletionRequest
 from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
@@ -108,9 +108,11 @@ def _logprobs_block(texts: TokenTexts, entries: list[TokenLogprob | None], ids: 
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
-@router.get("/v1/models", responses={401: OPENAI_ERROR_RESPONSES[401]})
+@router.get("/v1/models", responses={401: OPENAI_ERROR_RESPONSES[401], 503: OPENAI_ERROR_RESPONSES[503]})
 async def list_models(http: Request):
-    host = http.app.state.host
+    """The hosted models; 503 while they load (no partial list: a client that waits for this route waits
+    until every model can serve)."""
+    host = loaded_host(http)
     # root: what the model was loaded from (vLLM's field); chat: Quill's, whether /v1/chat/completions serves it.
     return {"object": "list", "data": [
         {"id": name, "object": "model", "created": m.created, "owned_by": "quill", "root": m.loaded.model_id,

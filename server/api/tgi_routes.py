@@ -26,7 +26,7 @@ from server.sampling.params import MAX_LOGPROBS
 
 from .engine_errors import checked
 from .errors import JSON_OR_SSE_RESPONSE, SSE_RESPONSE, TGI_ERROR_RESPONSES, APIError
-from .generation import resolve_model, submit, until_disconnected
+from .generation import loaded_host, resolve_model, submit, until_disconnected
 from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
 from .tgi_schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
@@ -393,11 +393,8 @@ async def compat_generate(request: CompatGenerateRequest, http: Request):
 async def info(http: Request):
     """TGI's Info (what InferenceClient.get_endpoint_info() returns), for the default model: TGI serves
     one. Older TGI names (max_input_length, model_dtype, ...) are given too, as clients read either."""
-    state = http.app.state
-    if state.host is None:
-        raise APIError(503, "the models are still loading", reason="loading")
-    hosted = state.host.get(None)
-    config: ServerConfig = state.config
+    hosted = loaded_host(http).get(None)
+    config: ServerConfig = http.app.state.config
     loaded = hosted.loaded
     return {
         "model_id": loaded.model_id, "model_sha": loaded.revision, "model_pipeline_tag": "text-generation",

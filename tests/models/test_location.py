@@ -53,7 +53,8 @@ def test_online_a_hub_id_is_fetched_and_a_failure_says_so(monkeypatch, tmp_path)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     with pytest.raises(CheckpointError) as info:
         locate("org/model")
-    assert calls == [("org/model", dict(cache_dir=tmp_path, local_files_only=False, allow_patterns=HUB_FILES))]
+    assert calls == [("org/model", dict(revision=None, cache_dir=tmp_path, local_files_only=False,
+                                        allow_patterns=HUB_FILES))]
     assert str(tmp_path / "models--org--model") in str(info.value)
     assert "could not be downloaded (LocalEntryNotFoundError: connection refused)" in str(info.value)
 

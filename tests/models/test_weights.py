@@ -71,6 +71,21 @@ def test_index_may_not_point_outside_the_checkpoint(llama_dir):
         load_checkpoint(llama_dir, device="cpu")
 
 
+def test_shards_linked_into_blobs_load(offline_hub, llama_dir, tmp_path):
+    """The hub cache keeps a snapshot's files as links to blobs/<hash>: the links are the checkpoint's files."""
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    for i, file in enumerate(sorted(llama_dir.iterdir())):
+        if file.is_file():
+            file.rename(blobs / str(i))
+            file.symlink_to(blobs / str(i))
+    loaded = load_checkpoint(llama_dir, device="cpu", dtype="float32")
+    tokens = torch.arange(20)[None]
+    with torch.no_grad():
+        expected = offline_hub[LLAMA].reference(tokens).logits
+    torch.testing.assert_close(loaded.model(tokens), expected, atol=1e-4, rtol=0)
+
+
 def one_line_error(directory) -> str:
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(directory, device="cpu")

@@ -1,9 +1,10 @@
-"""`quill serve` hosts checkpoints by hub id from an offline Hugging Face cache, stops on the
-EOS ids of their generation_config.json, and gives each model its chat template (the
-checkpoint's, or one from --chat-template)."""
+"""`quill serve` hosts checkpoints by hub id from an offline Hugging Face cache (at the revision
+--revision names), stops on the EOS ids of their generation_config.json, and gives each model its
+chat template (the checkpoint's, or one from --chat-template)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import httpx
@@ -12,13 +13,14 @@ import torch
 import transformers
 
 from models.chat_template import ChatTemplate
-from models.checkpoint import load_checkpoint
+from models.checkpoint import CheckpointError, load_checkpoint
 from models.location import BUNDLED_DIR
 from models.tokenizer_config import read_tokenizer_config
+from server.api.app import create_app
 from server.config import DEFAULT_MODELS, ServerConfig, add_serve_arguments, config_from_args
 from server.hosting import ModelHost
 from tests.conftest import TEST_DEVICE, LiveServer
-from tests.hub_checkpoints import CHAT_MIN_TOKENS, CHAT_PROMPT
+from tests.hub_checkpoints import CHAT_MIN_TOKENS, CHAT_PROMPT, snapshot_dir, write_revisions
 
 LLAMA, MISTRAL = "quill-test/tiny-llama-chat", "quill-test/tiny-mistral"
 
@@ -120,6 +122,70 @@ def test_cache_size_flags(monkeypatch):
 def test_bare_hub_id_is_named_by_itself(tmp_path):
     config = ServerConfig(models=[LLAMA, str(tmp_path), "short=org/model"])
     assert config.model_specs() == [(LLAMA, LLAMA), (tmp_path.name, str(tmp_path)), ("short", "org/model")]
+
+
+# ---- hub revisions -------------------------------------------------------------------------------
+
+REVISIONS, TAG = "quill-test/revisions", "2" * 40
+
+
+def test_revision_flag(monkeypatch, tmp_path):
+    two_hub_ids = ("--model", LLAMA, "--model", f"mistral={MISTRAL}")
+    assert parse(*two_hub_ids).model_revisions() == {}  # main, as before --revision
+    config = parse(*two_hub_ids, "--revision", "v1", "--revision", "mistral=abc1234")
+    assert config.model_revisions() == {LLAMA: "v1", "mistral": "abc1234"}  # a model's own beats the one for all
+    assert parse("--model", LLAMA, "--model", str(tmp_path), "--revision", "v1").model_revisions() == {LLAMA: "v1"}
+    monkeypatch.setenv("QUILL_REVISION", f"{LLAMA}=v2,mistral=pr/3")
+    assert parse(*two_hub_ids).model_revisions() == {LLAMA: "v2", "mistral": "pr/3"}
+
+
+def test_bad_revision_flags_stop_the_server_before_loading(tmp_path):
+    hub_and_directory = [LLAMA, f"local={tmp_path}"]
+    for models, revisions, words in (
+        (hub_and_directory, ["gpt-9=v1"], f"no hosted model is named 'gpt-9' (hosted: {LLAMA}, local)"),
+        (hub_and_directory, ["local=v1"], "the model 'local' is not a Hugging Face hub id, so it has no revisions"),
+        ([str(tmp_path)], ["v1"], "no hosted model is a Hugging Face hub id, so none has revisions"),
+        (hub_and_directory, ["v1", "v2"], "--revision given twice for every hub id"),
+        (hub_and_directory, [f"{LLAMA}=v1", f"{LLAMA}=v2"], f"--revision given twice for {LLAMA}"),
+        (hub_and_directory, ["../main"], "revision '../main' is not a branch, tag or commit name"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            ModelHost.load(ServerConfig(models=models, revisions=revisions, device="cpu"))
+
+
+@pytest.fixture
+def revision_cache(hub_cache, tmp_path, monkeypatch):
+    """REVISIONS whose main names a snapshot the cache lacks and whose v1.0 names a good one: only a load
+    that reads v1.0 succeeds."""
+    cache = tmp_path / "hub"
+    write_revisions(cache, REVISIONS, snapshot_dir(hub_cache[0], LLAMA), {TAG: 0.2}, {"main": "e" * 40, "v1.0": TAG})
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.mark.parametrize("separate", [True, False])
+async def test_a_model_is_served_at_its_revision(revision_cache, separate):
+    """Both processes read the revision: the engine process's weights and this one's tokenizer and metadata
+    (main would not load: see the next test)."""
+    config = ServerConfig(models=[f"llama={REVISIONS}"], revisions=["llama=v1.0"], device=str(TEST_DEVICE),
+                          dtype="float32", cache_bytes=2**20, engine_process=separate)
+    host = ModelHost.load(config)
+    try:
+        loaded = host.models["llama"].loaded
+        assert (loaded.model_id, loaded.revision, loaded.generation_defaults) == (REVISIONS, TAG, {"temperature": 0.2})
+        app = create_app(host, config)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://quill.test") as c:
+            info = (await c.get("/info")).json()
+        assert (info["model_id"], info["model_sha"]) == (REVISIONS, TAG)
+    finally:
+        host.shutdown()
+
+
+def test_without_a_revision_main_is_read(revision_cache):
+    with pytest.raises(CheckpointError, match=re.escape(f"revision main of {REVISIONS} is not in the Hugging Face "
+                                                        "cache (cached revisions: main (eeeeeeeeeeee, its snapshot "
+                                                        "missing), v1.0 (222222222222))")):
+        ModelHost.load(ServerConfig(models=[REVISIONS], device="cpu", engine_process=False))
 
 
 # ---- chat templates ------------------------------------------------------------------------------

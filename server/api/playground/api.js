@@ -3,11 +3,13 @@
 // and the chunks of /v1/completions and /v1/chat/completions turned into one shape the page draws.
 // No DOM here.
 
-/** An answer the server refused: its HTTP status and the message it wrote, untouched. */
+/** An answer the server refused: its HTTP status, the message it wrote, untouched, and the seconds its
+ * Retry-After asks to wait before trying again (null when it gave none). */
 export class ApiError extends Error {
-  constructor(status, message) {
+  constructor(status, message, retryAfter = null) {
     super(message);
     this.status = status;
+    this.retryAfter = retryAfter;
   }
 }
 
@@ -33,7 +35,9 @@ async function failure(response) {
   } catch {
     // not JSON (a proxy's page, say): show what came
   }
-  return new ApiError(response.status, message ?? (text || response.statusText));
+  const retryAfter = Number.parseFloat(response.headers.get("Retry-After"));
+  return new ApiError(response.status, message ?? (text || response.statusText),
+                      Number.isFinite(retryAfter) ? retryAfter : null);
 }
 
 export async function getJson(path, apiKey, signal) {

@@ -705,6 +705,10 @@ async function loadModels(state) {
     const hint = error.status === 401 ? " (enter the server's key under API key)" : "";
     showPageError(`${error.message}${hint}`, error instanceof ApiError ? error.status : null);
     if (error.status === 401) $("key-box").open = true;
+    // The server is up but its models are still loading: ask again when it says to.
+    if (error.status === 503 && error.retryAfter !== null) {
+      setTimeout(() => loadModels(state), error.retryAfter * 1000);
+    }
   }
   const select = $("model");
   const previous = select.value;

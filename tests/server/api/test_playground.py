@@ -1,7 +1,7 @@
 """The playground in a real headless browser against a live server over the tiny checkpoints: streaming
 from every model with coloured tokens and their alternatives, greedy and beam search side by side
 equal to what /v1/completions answers, Stop freeing the cache, the server's own error messages, the
-API key, scoring, and a phone-sized screen.
+API key, scoring, a phone-sized screen, and a page opened while the models still load.
 
 Skipped, naming what to install, without Debian's chromium and chromium-driver (or selenium).
 The chat mode is tested in test_playground_chat.py.
@@ -16,7 +16,10 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import TEXT, LiveServer
+from server.api.generation import LOADING_RETRY_AFTER_SECONDS
+from tests.conftest import TEXT, LiveServer, free_port
+from tests.server.api.conftest import server_config
+from tests.server.api.held_server import HeldLoadServer
 from tests.server.api.playground_page import DESKTOP, PHONE, PlaygroundPage, missing_browser, start_browser
 
 MISSING = missing_browser()
@@ -202,6 +205,22 @@ def test_usable_on_a_phone_sized_screen(browser, server):
     width = page.js("return [document.documentElement.scrollWidth, window.innerWidth]")
     assert width[0] <= width[1], "the results scroll sideways"
     assert_no_page_errors(page)
+
+
+def test_a_page_opened_while_the_models_load_lists_them_once_loaded(browser, tiny_checkpoints):
+    lstm = {"tiny-lstm": tiny_checkpoints["tiny-lstm"]}
+    with HeldLoadServer(server_config(lstm, port=free_port())) as held:
+        browser.set_window_size(*DESKTOP)
+        page = PlaygroundPage(browser, held.url).open(expect_models=False)
+        page.wait(page.page_error, "the refusal of /v1/models")
+        assert page.page_error().startswith("503 the models are still loading")
+        assert page.element("run").get_attribute("disabled")
+        held.release()
+        # The page asks again after the Retry-After of the refusal, without a reload.
+        assert page.wait(page.models, "the models, once loaded", timeout=LOADING_RETRY_AFTER_SECONDS + 30) == [
+            "tiny-lstm"]
+        assert page.page_error() is None and not page.element("run").get_attribute("disabled")
+        assert_no_page_errors(page)
 
 
 def test_api_key_from_the_page(browser, tiny_checkpoints):
