@@ -69,15 +69,16 @@ def fake_cuda() -> Iterator[FakeTensorMode]:
         yield mode
 
 
-def fake_model(model_cls: type[nn.Module], config, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """`model_cls(config)` with fake weights in `dtype` on CUDA, made as the loader makes a model: built on
+def fake_model(model_cls: type[nn.Module], config, dtype: torch.dtype = torch.float32,
+               device: torch.device = CUDA) -> nn.Module:
+    """`model_cls(config)` with fake weights in `dtype` on `device`, made as the loader makes a model: built on
     the meta device, then weights assigned (models/checkpoint.py). Call inside `fake_cuda()`.
 
     A Transformer reads its cache through the SDPA backend with the eager layer ops, as with
     `--attention-backend sdpa --layer-ops torch`: CUDA's defaults are Triton kernels, which need real memory."""
     with torch.device("meta"):
         model = model_cls(config)
-    weights = {name: torch.empty(p.shape, dtype=dtype, device=CUDA) for name, p in model.named_parameters()}
+    weights = {name: torch.empty(p.shape, dtype=dtype, device=device) for name, p in model.named_parameters()}
     model.load_state_dict(weights, strict=True, assign=True)
     if hasattr(model, "attention_backend"):
         model.attention_backend = "sdpa"  # layer_ops stay the eager TORCH_OPS a model is built with

@@ -19,6 +19,7 @@ from server.sampling import SamplingParams, new_generator
 
 from .beam_search import BeamSearch
 from .cuda_graphs import CudaGraphs, GraphCapture
+from .current_device import make_current
 from .graph_buckets import graph_batch_sizes
 from .kv_blocks import KVBlockManager
 from .memory import choose_cache_bytes
@@ -84,6 +85,7 @@ class EngineCore:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, max_model_len: int | None = None,
                  graph_capture: GraphCapture | None = None):
         """`graph_capture`: how decode steps are captured as graphs; None: CUDA graphs on a CUDA device."""
+        make_current(loaded.device)  # the cache's profiling steps and graph capture run on this thread
         self.loaded = loaded
         self.config = config or EngineConfig()
         self.tokenizer = loaded.tokenizer

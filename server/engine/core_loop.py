@@ -13,6 +13,7 @@ import logging
 import torch
 
 from .core import EngineCore
+from .current_device import make_current
 from .cpu_threads import StepThreads
 from .outputs import CompletionOutput, RequestOutput
 from .scheduler import QueueFullError
@@ -31,6 +32,8 @@ def step_error_message(e: Exception) -> str:
 
 class CoreLoop:
     def __init__(self, core: EngineCore, threads: StepThreads | None = None):
+        """Made on the thread that will step the core."""
+        make_current(core.loaded.device)
         self.core = core
         self.threads = threads
 

@@ -2,8 +2,9 @@
 sampling, beam ranking, prompt scoring, CUDA-graph buckets, overlapped steps and the memory profile,
 with no CPU tensor meeting a CUDA one (tests/fake_cuda.py).
 
-Fake tensors hold no values, so two things are stood in for, and only these: the CUDA event that marks
-the end of a step's copy to the host (it needs the CUDA runtime), and the values that copy brings back
+Fake tensors hold no values, so three things are stood in for, and only these: the CUDA event that marks
+the end of a step's copy to the host and the setting of a thread's current GPU (both need the CUDA
+runtime; the GPUs made current are recorded), and the values that copy brings back
 (`.tolist()` of a fake tensor). Each step reads back distinct, descending numbers in place of token ids,
 log-probabilities and beam candidates, so the engine's bookkeeping (commits, forks, beams, stops) runs
 for real and asks for the next step's device work.
@@ -11,12 +12,15 @@ for real and asks for the next step's device work.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from models.checkpoint import LoadedModel
 from server.engine import memory, runner
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
+from server.engine.core_loop import CoreLoop
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.conftest import TINY_CONFIGS
@@ -46,6 +50,14 @@ def _read_back(arrival) -> list[list[float]]:
     return [[float(size - i) for i in range(size)] for size in arrival.sizes]
 
 
+@pytest.fixture(autouse=True)
+def made_current(monkeypatch) -> list[tuple[str, torch.device]]:
+    """(thread name, device) of every torch.cuda.set_device."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append((threading.current_thread().name, d)))
+    return calls
+
+
 @pytest.fixture
 def host_reads(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _Event)
@@ -66,9 +78,10 @@ REQUESTS = [
 
 
 def cuda_engine(arch: str, tokenizer, graphs: bool = False, async_scheduling: bool = False,
-                cache: CacheConfig = CacheConfig(block_size=4, num_blocks=64)) -> EngineCore:
-    model = fake_model(*model_spec(arch), torch.bfloat16)
-    loaded = LoadedModel(arch, None, TINY_CONFIGS[arch][0], model, tokenizer, [0], CUDA, torch.bfloat16)
+                cache: CacheConfig = CacheConfig(block_size=4, num_blocks=64),
+                device: torch.device = CUDA) -> EngineCore:
+    model = fake_model(*model_spec(arch), torch.bfloat16, device)
+    loaded = LoadedModel(arch, None, TINY_CONFIGS[arch][0], model, tokenizer, [0], device, torch.bfloat16)
     config = EngineConfig(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32), cache,
                           enforce_eager=not graphs, async_scheduling=async_scheduling)
     return EngineCore(loaded, config, graph_capture=EmulatedGraphs() if graphs else None)
@@ -111,3 +124,15 @@ def test_cache_sized_by_profiling_steps_on_cuda(monkeypatch, tiny_tokenizer):
                              cache=CacheConfig(block_size=4, gpu_memory_utilization=1e-4))
     assert engine.state.num_blocks > 1 and engine.state.k.device == CUDA
     assert [t.device for t in profiled] == [CUDA, CUDA]
+
+
+def test_a_second_gpu_is_made_current_where_its_engine_is_built_and_stepped(tiny_tokenizer, host_reads, made_current):
+    """Events, graph capture and Triton launches follow the thread's current GPU, not the tensors'."""
+    second = torch.device("cuda", 1)
+    with fake_cuda():
+        engine = cuda_engine("transformer-llama", tiny_tokenizer, device=second)
+        assert engine.state.k.device == second
+        stepper = threading.Thread(target=CoreLoop, args=(engine,), name="stepper")
+        stepper.start()
+        stepper.join()
+    assert made_current == [(threading.current_thread().name, second), ("stepper", second)]
