@@ -13,6 +13,8 @@ from functools import cached_property
 
 import torch
 
+from .host_copy import to_device
+
 
 @dataclass(eq=False)
 class StepBatch:
@@ -41,7 +43,7 @@ class StepBatch:
         seq_of_token = torch.repeat_interleave(
             torch.arange(self.num_seqs), torch.tensor(self.query_lens, dtype=torch.long),
             output_size=self.num_tokens,  # known on the host: no value is read to size the output
-        ).to(self.token_ids.device)
+        ).to(self.token_ids.device, non_blocking=True)
         offset = torch.arange(self.num_tokens, device=self.token_ids.device) - self.seq_starts[seq_of_token]
         return seq_of_token * self.max_query_len + offset
 
@@ -63,12 +65,12 @@ class StepBatch:
     def seq_starts(self) -> torch.Tensor:
         """(B,) index of each sequence's first new token in the packed batch."""
         lens = torch.tensor(self.query_lens, dtype=torch.long)
-        return (torch.cumsum(lens, 0) - lens).to(self.token_ids.device)
+        return (torch.cumsum(lens, 0) - lens).to(self.token_ids.device, non_blocking=True)
 
     @cached_property
     def last_indices(self) -> torch.Tensor:
         """(B,) index of each sequence's last new token in the packed batch."""
-        lens = torch.tensor(self.query_lens, dtype=torch.long, device=self.token_ids.device)
+        lens = to_device(self.query_lens, self.token_ids.device, torch.long)
         return self.seq_starts + lens - 1
 
     @classmethod
@@ -85,21 +87,19 @@ class StepBatch:
         """Pack per-sequence token lists; `logits` is "last" (one row per sequence) or "all"."""
         if len(new_tokens) != len(start_positions) or any(len(t) == 0 for t in new_tokens):
             raise ValueError("every sequence in a step needs at least one new token and a start position")
-        token_ids = torch.tensor([t for seq in new_tokens for t in seq], dtype=torch.long, device=device)
-        positions = torch.tensor(
-            [start + i for seq, start in zip(new_tokens, start_positions) for i in range(len(seq))],
-            dtype=torch.long,
-            device=device,
+        token_ids = to_device([t for seq in new_tokens for t in seq], device, torch.long)
+        positions = to_device(
+            [start + i for seq, start in zip(new_tokens, start_positions) for i in range(len(seq))], device, torch.long
         )
         tables = None
         if block_tables is not None:
             width = max(len(t) for t in block_tables)
-            tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long, device=device)
+            tables = to_device([t + [0] * (width - len(t)) for t in block_tables], device, torch.long)
         batch = cls(
             token_ids=token_ids,
             positions=positions,
             query_lens=[len(t) for t in new_tokens],
-            slots=None if slots is None else torch.tensor(slots, dtype=torch.long, device=device),
+            slots=None if slots is None else to_device(slots, device, torch.long),
             block_tables=tables,
         )
         if logits == "last":

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .batch import StepBatch
+from .host_copy import to_device
 from .state import SlotState
 
 
@@ -141,7 +142,7 @@ class GCNNLanguageModel(nn.Module):
         if k1 > 0 and batch.max_query_len == 1:  # decode: each window drops its oldest input
             state["window"][batch.slots] = torch.stack([full[:, 1:] for full in inputs], dim=1)
         elif k1 > 0:
-            ends = torch.tensor(batch.query_lens, device=x.device)
+            ends = to_device(batch.query_lens, x.device)
             take = (ends[:, None] + torch.arange(k1, device=x.device)[None, :])  # (B, k-1) into the full input
             take = take[:, :, None].expand(-1, -1, self.config.d_model)
             state["window"][batch.slots] = torch.stack([full.gather(1, take) for full in inputs], dim=1)

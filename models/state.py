@@ -14,10 +14,11 @@ import torch
 
 from .attention.backend import PagedAttentionBackend
 from .attention.sdpa import SdpaPagedAttention
+from .host_copy import to_device
 
 
 def _index(ids, device) -> torch.Tensor:
-    return torch.as_tensor(ids, dtype=torch.long, device=device)
+    return ids.to(device) if isinstance(ids, torch.Tensor) else to_device(ids, device, torch.long)
 
 
 class SlotState:

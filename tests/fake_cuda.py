@@ -21,12 +21,14 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 CUDA = torch.device("cuda", 0)
 
@@ -88,3 +90,55 @@ def fake_model(model_cls: type[nn.Module], config, dtype: torch.dtype = torch.fl
 def assert_on_cuda(*tensors: torch.Tensor) -> None:
     for t in tensors:
         assert t.device == CUDA, f"a tensor of shape {tuple(t.shape)} is on {t.device}, not {CUDA}"
+
+
+def _caller() -> str:
+    """The innermost frame of the project's own code (not torch's, not the tests')."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(root) and not path.startswith((os.path.join(root, "tests"), os.path.join(root, ".venv"))):
+            return f"{os.path.relpath(path, root)}:{frame.lineno}"
+    return "?"
+
+
+def _argument(func, args: tuple, kwargs: dict, name: str):
+    """An op's argument by its schema's name, positional or keyword (None where the op has none such)."""
+    for i, argument in enumerate(func._schema.arguments):
+        if argument.name == name:
+            return args[i] if i < len(args) else kwargs.get(name)
+    return None
+
+
+class _WaitingCopies(TorchDispatchMode):
+    """Records host-to-CUDA copies that would wait for the device (not marked non_blocking)."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op = func.overloadpacket
+        if op in (torch.ops.aten.to, torch.ops.aten._to_copy):  # .to(device): its device is the target
+            source, target = args[0], _argument(func, args, kwargs, "device")
+            if isinstance(target, str | torch.device):
+                target = torch.device(target)
+            elif target is not None and not isinstance(target, torch.device):
+                target = getattr(target, "device", None)  # to.other: like another tensor
+        elif op is torch.ops.aten.copy_:
+            target, source = args[0].device, args[1]
+        else:
+            return func(*args, **kwargs)
+        if (isinstance(source, torch.Tensor) and source.device.type == "cpu" and target is not None
+                and target.type == "cuda" and not _argument(func, args, kwargs, "non_blocking")):
+            self.found.append(f"{func} of a {tuple(source.shape)} {source.dtype} host tensor at {_caller()}")
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def waiting_copies() -> Iterator[list[str]]:
+    """Inside `fake_cuda()`: the host-to-device copies made in the block that would wait until the GPU has run
+    everything queued before them (torch.tensor(values, device=cuda) is one), stalling the host."""
+    with _WaitingCopies() as mode:
+        yield mode.found

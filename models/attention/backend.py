@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from ..batch import StepBatch
+from ..host_copy import to_device
 
 
 class PagedAttentionBackend(Protocol):
@@ -39,7 +40,7 @@ def slot_mapping(batch: StepBatch, block_size: int) -> torch.Tensor:
     seq_of_token = torch.arange(batch.num_seqs, device=tables.device)
     if batch.max_query_len > 1:
         seq_of_token = torch.repeat_interleave(
-            seq_of_token, torch.tensor(batch.query_lens, device=tables.device),
+            seq_of_token, to_device(batch.query_lens, tables.device),
             output_size=batch.num_tokens,  # known on the host: no device-to-host sync to size the output
         )
     # A decode step copies nothing from the host, so it can be captured in a CUDA graph.

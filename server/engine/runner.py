@@ -23,6 +23,7 @@ import torch
 
 from models.batch import StepBatch
 from models.checkpoint import LoadedModel
+from models.host_copy import to_device
 from server.sampling import prompt_logprobs, sample
 from server.sampling.beam import BeamRequest, beam_candidates
 from server.sampling.table import SamplingTable
@@ -182,7 +183,7 @@ class ModelRunner:
         rows = [row_of[seq] for seq, _ in batch.work]
         if rows == list(range(len(previous.sampled_seqs))):
             return previous.sampled_ids
-        return previous.sampled_ids.index_select(0, torch.tensor(rows, device=self.device))
+        return previous.sampled_ids.index_select(0, to_device(rows, self.device))
 
     def _splice_tokens(self, packed: "_Packed") -> None:
         """Overwrite the placeholder input tokens with those still on the device (see `launch`)."""
@@ -240,7 +241,7 @@ class ModelRunner:
         rows = packed.rows
         if rows == list(range(len(rows))):
             return logits[: len(rows)]
-        return logits.index_select(0, torch.tensor(rows, device=logits.device))
+        return logits.index_select(0, to_device(rows, logits.device))
 
     # ---- packing -----------------------------------------------------------------------------
 
@@ -350,7 +351,7 @@ class ModelRunner:
             self.loaded.eos_token_ids,
         )
         if len(rows) != logits.shape[0] or rows != list(range(len(rows))):  # not simply every row in order
-            logits = logits.index_select(0, torch.tensor(rows, device=logits.device))
+            logits = logits.index_select(0, to_device(rows, logits.device))
         out = sample(logits, sbatch)
         ids = transfer.add(out.token_ids)
         lps = None if out.logprobs is None else transfer.add(out.logprobs)

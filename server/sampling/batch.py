@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from models.host_copy import to_device
+
 from .params import SamplingParams
 
 
@@ -93,9 +95,9 @@ def flat_logit_bias(
         return None
     rows, token_ids, values = zip(*entries)
     return (
-        torch.tensor(rows, dtype=torch.long, device=device),
-        torch.tensor(token_ids, dtype=torch.long, device=device),
-        torch.tensor(values, dtype=torch.float32, device=device),
+        to_device(rows, device, torch.long),
+        to_device(token_ids, device, torch.long),
+        to_device(values, device, torch.float32),
     )
 
 
@@ -118,6 +120,6 @@ def flat_banned_tokens(
         return None
     rows, token_ids = zip(*entries)
     return (
-        torch.tensor(rows, dtype=torch.long, device=device),
-        torch.tensor(token_ids, dtype=torch.long, device=device),
+        to_device(rows, device, torch.long),
+        to_device(token_ids, device, torch.long),
     )

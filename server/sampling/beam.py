@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from models.host_copy import to_device
+
 
 @dataclass(frozen=True, slots=True)
 class BeamRequest:
@@ -32,13 +34,13 @@ def beam_candidates(logits: torch.Tensor, requests: list[BeamRequest]) -> tuple[
     vocab = logits.shape[-1]
     device = logits.device
     rows = [row for r in requests for row in r.rows]
-    logprobs = torch.log_softmax(logits.index_select(0, torch.tensor(rows, device=device)).float(), dim=-1)
-    scores = torch.tensor([s for r in requests for s in r.scores], dtype=torch.float32, device=device)
+    logprobs = torch.log_softmax(logits.index_select(0, to_device(rows, device)).float(), dim=-1)
+    scores = to_device([s for r in requests for s in r.scores], device, torch.float32)
     total = logprobs + scores[:, None]  # (sum of beams, V)
     banned = [(i, t) for i, r in enumerate(r for r in requests for _ in r.rows) for t in r.banned]
     if banned:
-        index = torch.tensor(banned, device=device).T
-        total = total.index_put((index[0], index[1]), total.new_tensor(float("-inf")))
+        index = to_device(banned, device).T
+        total = total.index_put((index[0], index[1]), total.new_full((), float("-inf")))
     width = max(len(r.rows) for r in requests)
     # Row `len(rows)` is all -inf: the padding beams of requests with fewer than `width`.
     padded = torch.cat([total, total.new_full((1, vocab), float("-inf"))])
@@ -46,6 +48,6 @@ def beam_candidates(logits: torch.Tensor, requests: list[BeamRequest]) -> tuple[
     for r in requests:
         order += list(range(start, start + len(r.rows))) + [len(rows)] * (width - len(r.rows))
         start += len(r.rows)
-    grid = padded.index_select(0, torch.tensor(order, device=device)).view(len(requests), width * vocab)
+    grid = padded.index_select(0, to_device(order, device)).view(len(requests), width * vocab)
     k = min(max(r.num_candidates for r in requests), width * vocab)
     return torch.topk(grid, k=k, dim=-1)

@@ -13,6 +13,8 @@ from itertools import chain
 
 import torch
 
+from models.host_copy import to_device
+
 NEG_INF = float("-inf")
 
 
@@ -22,8 +24,8 @@ def token_counts(token_ids: list[list[int]], vocab_size: int, device: torch.devi
     Ids >= vocab_size (an embedding table wider than the output layer) are not counted.
     """
     num_rows = len(token_ids)
-    lengths = torch.tensor([len(ids) for ids in token_ids], dtype=torch.long, device=device)
-    flat_ids = torch.tensor(list(chain.from_iterable(token_ids)), dtype=torch.long, device=device)  # (N,)
+    lengths = to_device([len(ids) for ids in token_ids], device, torch.long)
+    flat_ids = to_device(list(chain.from_iterable(token_ids)), device, torch.long)  # (N,)
     rows = torch.repeat_interleave(torch.arange(num_rows, device=device), lengths, output_size=flat_ids.shape[0])
     # One spare column per row catches out-of-range ids; it is dropped on return.
     width = vocab_size + 1
@@ -34,7 +36,7 @@ def token_counts(token_ids: list[list[int]], vocab_size: int, device: torch.devi
 
 def apply_banned_tokens(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """-inf at (rows[i], token_ids[i]); used to keep EOS and stop ids out until min_tokens."""
-    return logits.index_put((rows, token_ids), logits.new_tensor(NEG_INF))
+    return logits.index_put((rows, token_ids), logits.new_full((), NEG_INF))
 
 
 def apply_logit_bias(

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from models.host_copy import to_device
+
 from .batch import SamplingBatch, new_generator  # noqa: F401  (re-exported: the engine imports both from here)
 from .processors import (
     apply_banned_tokens,
@@ -114,7 +116,10 @@ def prompt_logprobs(logits: torch.Tensor, token_ids: list[int] | torch.Tensor, t
     logits: (T, V) or (T-1, V), row t predicting token t+1 (a prefill's logits for every position;
     the last row, which predicts the first generated token, is not used). token_ids: the T prompt tokens.
     """
-    targets = torch.as_tensor(token_ids, dtype=torch.long, device=logits.device)[1:]  # (T-1,)
+    if isinstance(token_ids, torch.Tensor):
+        targets = token_ids.to(logits.device)[1:]  # (T-1,)
+    else:
+        targets = to_device(token_ids, logits.device, torch.long)[1:]
     if logits.shape[0] < targets.shape[0]:
         raise ValueError(f"{len(token_ids)} prompt tokens need at least {targets.shape[0]} rows of logits")
     logprobs = torch.log_softmax(logits[: targets.shape[0]].float(), dim=-1)  # (T-1, V)

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
+from models.host_copy import to_device
+
 from .batch import SamplingBatch, flat_banned_tokens, flat_logit_bias
 from .params import SamplingParams
 from .processors import token_counts
@@ -43,9 +45,8 @@ class SamplingTable:
         """Requests starting to run: slot i takes params[i]'s settings."""
         if not slots:
             return
-        rows = torch.tensor([settings_row(p) for p in params], dtype=torch.float64)
-        index = torch.tensor(slots, dtype=torch.long)
-        self.settings.index_copy_(0, index.to(self.device), rows.to(self.device, non_blocking=True))
+        rows = to_device([settings_row(p) for p in params], self.device, torch.float64)
+        self.settings.index_copy_(0, to_device(slots, self.device, torch.long), rows)
 
     def gather(
         self,

@@ -24,7 +24,7 @@ from server.engine.core_loop import CoreLoop
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.conftest import TINY_CONFIGS
-from tests.fake_cuda import CUDA, fake_cuda, fake_model
+from tests.fake_cuda import CUDA, fake_cuda, fake_model, waiting_copies
 from tests.models.test_fake_cuda import model_spec
 from tests.server.engine.graph_emulation import EmulatedGraphs
 from tests.server.engine.helpers import run_to_completion
@@ -136,3 +136,15 @@ def test_a_second_gpu_is_made_current_where_its_engine_is_built_and_stepped(tiny
         stepper.start()
         stepper.join()
     assert made_current == [(threading.current_thread().name, second), ("stepper", second)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_steps_queue_their_host_to_device_copies_without_waiting(arch, tiny_tokenizer, host_reads):
+    """A copy that waits for the GPU would stall the host during the previous kernels and undo overlapping."""
+    with fake_cuda():
+        engine = cuda_engine(arch, tiny_tokenizer)
+        for request_id, prompt, params in REQUESTS:
+            engine.add_request(request_id, prompt, params)
+        with waiting_copies() as found:
+            run_to_completion(engine, max_steps=50)
+    assert found == []
