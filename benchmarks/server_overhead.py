@@ -36,7 +36,7 @@ from server.engine.core import EngineCore
 from . import quill_runs
 from .checkpoints import build_tokenizer
 from .hardware import describe_machine, load_average
-from .http_bench import _send, server_config, workload
+from .http_bench import send_workload, server_config, workload
 from .server_process import running_server
 from .settings import HttpBenchSettings
 from .tokenized import tokenize
@@ -64,8 +64,8 @@ def run(s: HttpBenchSettings, modes: list[str], rounds: int, vocab_size: int, lo
             for mode in modes:
                 config = replace(base, engine_process=MODES[mode])
                 with running_server(config, s.ready_timeout, threads=1) as url:
-                    summary = load_report.summarize(asyncio.run(_send(url, warm, requests, s, progress=False)))
-                figures[mode].append(summary["output_token_throughput"])
+                    result = asyncio.run(send_workload(url, warm, requests, s.concurrency, s.duration, progress=False))
+                figures[mode].append(load_report.summarize(result)["output_token_throughput"])
                 log(f"round {i + 1}: HTTP, engine {mode}: {figures[mode][-1]:,.0f} tokens/s")
             engine = EngineCore(loaded, quill_runs.engine_config(base))
             in_process = quill_runs.engine_throughput(engine, timed, warm_ids, s.concurrency)
