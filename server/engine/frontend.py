@@ -59,6 +59,10 @@ class EngineFrontend(ABC):
     @abstractmethod
     def _send_abort(self, request_id: str) -> None: ...
 
+    def _join(self, items: list) -> RequestOutput:
+        """One output from a request's consecutive deliveries, in the form the subclass delivers them."""
+        return reduce(merge_outputs, items)
+
     # ---- requests ------------------------------------------------------------------
 
     @property
@@ -132,11 +136,11 @@ class RequestStream:
         self.request_id = request_id
         self.loop = loop  # the event loop that reads this stream; outputs are pushed on it
         self.coalesce = coalesce
-        self._pending: list = []  # delivered and not yet read: outputs in order, an error perhaps after them
+        self._pending: list = []  # delivered, not yet read: outputs (in the engine's form), an error perhaps last
         self._waiter: asyncio.Future | None = None  # set while the reader waits for a delivery
         self.finished = False
 
-    def _push(self, item: RequestOutput | BaseException) -> None:
+    def _push(self, item: object) -> None:
         self._pending.append(item)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
@@ -159,9 +163,9 @@ class RequestStream:
             raise pending.pop(0)
         # Outputs of several steps already waiting become one: one event and one write for all of them.
         count = 1
-        while self.coalesce and count < len(pending) and isinstance(pending[count], RequestOutput):
+        while self.coalesce and count < len(pending) and not isinstance(pending[count], BaseException):
             count += 1
-        out = reduce(merge_outputs, pending[:count])
+        out = self.engine._join(pending[:count])
         del pending[:count]
         if out.finished:
             self._end()

@@ -39,8 +39,8 @@ class RecordingFrontend(EngineFrontend):
 
 
 def output(request_id: str, text: str, token_id: int, finished: bool = False) -> RequestOutput:
-    return RequestOutput(request_id, [CompletionOutput(0, text, [token_id], finish_reason="length" if finished else None)],
-                         finished, num_prompt_tokens=2)
+    completion = CompletionOutput(0, text, [token_id], finish_reason="length" if finished else None)
+    return RequestOutput(request_id, [completion], finished, num_prompt_tokens=2)
 
 
 def deliver_from_thread(engine: EngineFrontend, items: list) -> None:
