@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import logging
 import signal
 import sys
@@ -60,6 +61,13 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def _require_installed(config: ServerConfig) -> None:
+    """An event loop or HTTP parser asked for by name must be importable ("auto" falls back by itself)."""
+    for flag, name in (("--loop", config.loop), ("--http", config.http)):
+        if name in ("uvloop", "httptools") and importlib.util.find_spec(name) is None:
+            raise ValueError(f"{flag} {name}: the package {name} is not installed (pip install {name})")
+
+
 # Container objects allocated, net of those freed, between two young-generation collections (Python's default is
 # 700). A step's outputs for 256 streams are a few thousand containers that live until their streams are read:
 # at 700 the collector walked them several times per step, then again as survivors (5 us of CPU per streamed
@@ -77,6 +85,7 @@ def _tune_garbage_collector() -> None:
 
 
 def serve(config: ServerConfig) -> int:
+    _require_installed(config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(None, config)
     server: DrainingServer | None = None
@@ -102,8 +111,8 @@ def serve(config: ServerConfig) -> int:
             app.state.host.shutdown()
 
     app.router.lifespan_context = lifespan
-    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
-                               timeout_graceful_shutdown=max(1, int(config.drain_seconds)))
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info", loop=config.loop,
+                               http=config.http, timeout_graceful_shutdown=max(1, int(config.drain_seconds)))
     server = DrainingServer(uv_config, app, config.drain_seconds)
     server.run()
     return server.exit_code
