@@ -40,6 +40,9 @@ def serve_command(config: ServerConfig) -> list[str]:
         args += ["--model", spec]
     if not config.enable_prefix_caching:
         args.append("--no-prefix-caching")
+    for flag, value in (("--loop", config.loop), ("--http", config.http)):
+        if value != "auto":
+            args += [flag, value]
     if config.engine_process is not None:
         args.append("--engine-process" if config.engine_process else "--no-engine-process")
     return args
@@ -86,7 +89,15 @@ def _stop(process: subprocess.Popen) -> None:
 @contextmanager
 def running_server(config: ServerConfig, ready_timeout: float, threads: int | None = None,
                    extra_args: list[str] = ()) -> Iterator[str]:
-    """Yields the server's URL once /ready answers 200; stops the server on the way out.
+    """Yields the server's URL once /ready answers 200; stops the server on the way out (see `server_process`)."""
+    with server_process(config, ready_timeout, threads, extra_args) as (url, _):
+        yield url
+
+
+@contextmanager
+def server_process(config: ServerConfig, ready_timeout: float, threads: int | None = None,
+                   extra_args: list[str] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Yields the server's URL and process once /ready answers 200; stops the server on the way out.
 
     QUILL_* variables of this environment are not passed on: flags set everything, and a stray
     QUILL_API_KEY would lock the benchmark's own requests out. `threads` sets OMP_NUM_THREADS;
@@ -106,6 +117,30 @@ def running_server(config: ServerConfig, ready_timeout: float, threads: int | No
                 _stop(process)
                 log.seek(0)
                 raise RuntimeError(f"{e}; its output:\n{log.read()[-4000:]}") from None
-            yield url
+            yield url, process
         finally:
             _stop(process)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process has used so far (Linux's /proc; None elsewhere or once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started (an engine process of the server's), from Linux's /proc; [] elsewhere."""
+    children = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        children.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return children

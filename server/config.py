@@ -11,6 +11,8 @@ from models.checkpoint import BUNDLED_DIR, GENERATION_CONFIG_MODES
 from models.kernels import LAYER_OPS
 from models.location import check_revision, is_hub_id
 
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")  # uvicorn's names
+HTTP_PARSERS = ("auto", "h11", "httptools")
 DEFAULT_MODELS = ["shakespeare-transformer", "shakespeare-lstm", "shakespeare-gcnn"]  # the first is the default
 
 
@@ -51,6 +53,8 @@ class ServerConfig:
     # process on CUDA, where steps take milliseconds and the HTTP side would slow them, a thread on the CPU, where
     # steps are slow and a process per model measured no faster (benchmarks/server_overhead.py).
     engine_process: bool | None = None
+    loop: str = "auto"  # the event loop: "auto" (uvloop where installed, else asyncio), "asyncio", "uvloop"
+    http: str = "auto"  # the HTTP/1.1 parser: "auto" (httptools where installed, else h11), "h11", "httptools"
 
     def __post_init__(self):
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -58,6 +62,9 @@ class ServerConfig:
         if self.generation_config not in GENERATION_CONFIG_MODES:
             modes, mode = GENERATION_CONFIG_MODES, self.generation_config
             raise ValueError(f"generation_config must be one of {modes}, not {mode!r}")
+        if self.loop not in EVENT_LOOPS or self.http not in HTTP_PARSERS:
+            raise ValueError(f"loop must be one of {EVENT_LOOPS} and http one of {HTTP_PARSERS}, "
+                             f"not {self.loop!r} and {self.http!r}")
 
     def model_specs(self) -> list[tuple[str, str]]:
         """(name, model) per hosted model; a bare hub id is named by itself, a bare directory after its name."""
@@ -182,6 +189,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="run each model's engine core in a process of its own, so the HTTP side and the step loop "
                         "never share an interpreter, or (--no-engine-process) on a thread of the server's process "
                         "(default: a process on CUDA, a thread on the CPU; env QUILL_ENGINE_PROCESS)")
+    arg("--loop", str, d.loop, "the HTTP side's event loop: auto (uvloop where installed, else asyncio's own), "
+        "asyncio or uvloop", choices=EVENT_LOOPS)
+    arg("--http", str, d.http, "the HTTP/1.1 implementation: auto (httptools, a C parser, where installed, else "
+        "h11, pure Python), h11 or httptools", choices=HTTP_PARSERS)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help="disable prefix caching")
     p.add_argument("--enforce-eager", action="store_true",
                    help="never replay decode steps as CUDA graphs (on CUDA they are captured at startup for "

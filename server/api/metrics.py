@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from server.engine.core import EngineStats
@@ -64,3 +66,11 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def observe_repeated(histogram, value: float, count: int) -> None:
+    """`count` observations of `value` in one histogram series, at the cost of one: a stream's output that
+    joins several steps counts each of its tokens. Uses the series' own fields (`_sum`, `_buckets`,
+    `_upper_bounds`, the last of them +Inf) as `Histogram.observe` does; tests check it against `observe`."""
+    histogram._sum.inc(value * count)
+    histogram._buckets[bisect_left(histogram._upper_bounds, value)].inc(count)

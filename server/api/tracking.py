@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from server.engine.async_engine import RequestStream
 from server.engine.outputs import RequestOutput
 
-from .metrics import Metrics
+from .metrics import Metrics, observe_repeated
 
 log = logging.getLogger("quill.requests")
 
@@ -26,20 +26,18 @@ class RequestTracker:
         self.last_token_time: float | None = None
         self.num_generated = 0
         self.finish_reasons: list[str] = []
+        self._itl = metrics.itl.labels(model=model)  # a series looked up once, not once per token
 
     def observe(self, out: RequestOutput) -> None:
         now = time.monotonic()
-        labels = dict(model=self.model)
         if out.queue_time is not None:
-            self.metrics.queue_time.labels(**labels).observe(out.queue_time)
+            self.metrics.queue_time.labels(model=self.model).observe(out.queue_time)
         new_tokens = sum(len(c.token_ids) for c in out.outputs)
         if new_tokens:
             if self.last_token_time is None:
-                self.metrics.ttft.labels(**labels).observe(now - self.start)
-            else:
-                gap = (now - self.last_token_time) / new_tokens
-                for _ in range(new_tokens):
-                    self.metrics.itl.labels(**labels).observe(gap)
+                self.metrics.ttft.labels(model=self.model).observe(now - self.start)
+            else:  # an output joining several steps' tokens spreads its gap evenly over them
+                observe_repeated(self._itl, (now - self.last_token_time) / new_tokens, new_tokens)
             self.last_token_time = now
             self.num_generated += new_tokens
         self.finish_reasons += [c.finish_reason for c in out.outputs if c.finish_reason]

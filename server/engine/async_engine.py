@@ -85,7 +85,7 @@ class AsyncEngine(EngineFrontend):
             item = self._inbox.popleft()
             if item[0] == "abort":
                 loop.abort(item[1])
-            elif item[1] in self._queues:  # else its client left before it was queued
+            elif item[1] in self._streams:  # else its client left before it was queued
                 refused += filter(None, [loop.add(*item[1:])])
         self._deliver_all(refused)
 

@@ -1,11 +1,11 @@
 """What the API sees of one model's engine, wherever its core runs: submit, stream, abort.
 
-`EngineFrontend` keeps each submitted request's output queue on the event loop that submitted
-it and hands a step's outputs to those queues with one wake-up of each loop per step. Where the
-core runs is a subclass's business: on a thread of this process (`AsyncEngine`) or in a process
-of its own (`ProcessEngine`). `RequestStream` reads one request's queue, joining the outputs of
-several steps that are already waiting into one, so a slow reader costs one write per turn of its
-event loop rather than one per token.
+`EngineFrontend` hands a step's outputs to the streams of their requests with one wake-up of each
+event loop per step; a stream belongs to the event loop that submitted its request. Where the core
+runs is a subclass's business: on a thread of this process (`AsyncEngine`) or in a process of its
+own (`ProcessEngine`). A `RequestStream` keeps the outputs delivered and not yet read in a plain
+list and joins those of several steps into one, so a slow reader costs one write per turn of its
+event loop rather than one per token, and a step's output costs its stream one append.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import asyncio
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
+from functools import reduce
 
 from .core import EngineConfig, EngineStats
 from .outputs import RequestOutput, merge_outputs
@@ -32,7 +33,7 @@ class EngineFrontend(ABC):
         self.config = config
         self.dead_reason: str | None = None
         self.on_stats: Callable[[EngineStats], None] | None = None  # after every step, for metrics
-        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, RequestStream] = {}  # submitted requests whose streams are open
         self._ids = itertools.count()
 
     # ---- what a subclass provides ----------------------------------------------------
@@ -58,12 +59,16 @@ class EngineFrontend(ABC):
     @abstractmethod
     def _send_abort(self, request_id: str) -> None: ...
 
+    def _join(self, items: list) -> RequestOutput:
+        """One output from a request's consecutive deliveries, in the form the subclass delivers them."""
+        return reduce(merge_outputs, items)
+
     # ---- requests ------------------------------------------------------------------
 
     @property
     def num_active(self) -> int:
         """Requests submitted whose streams are still open."""
-        return len(self._queues)
+        return len(self._streams)
 
     def submit(self, prompt_token_ids: list[int], params, request_id: str | None = None) -> "RequestStream":
         """Queue a request now (raising at once if the queue is full or the engine is dead); read its outputs
@@ -73,10 +78,10 @@ class EngineFrontend(ABC):
         if self.num_pending >= self.config.scheduler.max_queue:
             raise QueueFullError(f"the queue is full ({self.config.scheduler.max_queue} requests waiting)")
         request_id = request_id or f"{self.name}-{next(self._ids)}"
-        queue: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = (asyncio.get_running_loop(), queue)
+        stream = RequestStream(self, request_id, asyncio.get_running_loop())
+        self._streams[request_id] = stream
         self._send_add(request_id, list(prompt_token_ids), params)
-        return RequestStream(self, request_id, queue)
+        return stream
 
     async def generate(self, prompt_token_ids: list[int], params, request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """Submit and yield outputs as they come; leaving early aborts the request."""
@@ -88,47 +93,52 @@ class EngineFrontend(ABC):
             stream.close()
 
     def abort(self, request_id: str) -> None:
-        self._queues.pop(request_id, None)
+        self._streams.pop(request_id, None)
         self._send_abort(request_id)
 
     # ---- delivery (called on the thread that receives the core's outputs) ----------
 
     def _deliver_all(self, items: list[tuple[str, object]]) -> None:
-        """Hand outputs to their requests' queues: one wake-up of each event loop per step, not one per request."""
+        """Hand outputs to their requests' streams: one wake-up of each event loop per step, not one per request."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for request_id, item in items:
-            target = self._queues.get(request_id)
-            if target is not None:
-                loop, queue = target
-                by_loop.setdefault(loop, []).append((queue, item))
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                by_loop.setdefault(stream.loop, []).append((stream, item))
         for loop, batch in by_loop.items():
             if not loop.is_closed():
-                loop.call_soon_threadsafe(_put_all, batch)
+                loop.call_soon_threadsafe(_push_all, batch)
 
     def _fail_all(self, reason: str) -> None:
         """The core is gone: every open stream raises EngineDeadError."""
         self.dead_reason = reason
-        self._deliver_all([(request_id, EngineDeadError(reason)) for request_id in list(self._queues)])
+        self._deliver_all([(request_id, EngineDeadError(reason)) for request_id in list(self._streams)])
 
     def _report(self, stats: EngineStats) -> None:
         if self.on_stats is not None:
             self.on_stats(stats)
 
 
-def _put_all(batch: list[tuple[asyncio.Queue, object]]) -> None:
-    for queue, item in batch:
-        queue.put_nowait(item)
+def _push_all(batch: list[tuple["RequestStream", object]]) -> None:
+    for stream, item in batch:
+        stream._push(item)
 
 
 class RequestStream:
     """The outputs of one submitted request, in order; the last one has `finished` set."""
 
-    def __init__(self, engine: EngineFrontend, request_id: str, queue: asyncio.Queue):
+    def __init__(self, engine: EngineFrontend, request_id: str, loop: asyncio.AbstractEventLoop):
         self.engine = engine
         self.request_id = request_id
-        self._queue = queue
-        self._held: object | None = None  # an error that waits until the outputs before it are read
+        self.loop = loop  # the event loop that reads this stream; outputs are pushed on it
+        self._pending: list = []  # delivered, not yet read: outputs (in the engine's form), an error perhaps last
+        self._waiter: asyncio.Future | None = None  # set while the reader waits for a delivery
         self.finished = False
+
+    def _push(self, item: object) -> None:
+        self._pending.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     def __aiter__(self) -> "RequestStream":
         return self
@@ -136,27 +146,29 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        if self._held is not None:
-            out, self._held = self._held, None
-        else:
-            out = await self._queue.get()
-        # Outputs of several steps already waiting become one: one event and one write for all of them.
-        while isinstance(out, RequestOutput) and not out.finished and not self._queue.empty():
-            later = self._queue.get_nowait()
-            if not isinstance(later, RequestOutput):
-                self._held = later
-                break
-            out = merge_outputs(out, later)
-        if isinstance(out, BaseException):
+        while not self._pending:
+            self._waiter = self.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        pending = self._pending
+        if isinstance(pending[0], BaseException):  # raised once the outputs before it are read
             self._end()
-            raise out
+            raise pending.pop(0)
+        # Outputs of several steps already waiting become one: one event and one write for all of them.
+        count = 1
+        while count < len(pending) and not isinstance(pending[count], BaseException):
+            count += 1
+        out = self.engine._join(pending[:count])
+        del pending[:count]
         if out.finished:
             self._end()
         return out
 
     def _end(self) -> None:
         self.finished = True
-        self.engine._queues.pop(self.request_id, None)
+        self.engine._streams.pop(self.request_id, None)
 
     def close(self) -> None:
         """Abort the request if it has not finished (the client went away)."""

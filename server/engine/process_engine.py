@@ -18,9 +18,10 @@ import queue
 import threading
 
 from .core import EngineStats
+from .outputs import RequestOutput
 from .core_process import CoreInfo, CoreSpec, run_core_process
 from .frontend import EngineFrontend
-from .wire import FrameReader, decode
+from .wire import FrameReader, deliveries, join
 
 log = logging.getLogger("quill.engine")
 
@@ -146,6 +147,9 @@ class ProcessEngine(EngineFrontend):
         except (OSError, EOFError):  # the process died: the reader tells every stream
             return False
 
+    def _join(self, items: list[tuple]) -> RequestOutput:
+        return join(items)  # outputs stay in their wire form until their stream reads them
+
     def _receive(self) -> list[tuple]:
         return [pickle.loads(frame) for frame in self._frames.read()]
 
@@ -153,13 +157,13 @@ class ProcessEngine(EngineFrontend):
         """The reader thread: every step message that has arrived, delivered with one wake-up per event loop."""
         try:
             while True:
-                deliveries = []
+                items = []
                 for _, wire, stats, adds_received in self._receive():
-                    deliveries += decode(wire)
+                    items += deliveries(wire)
                     self._report(stats)
                 self._stats, self._adds_received = stats, adds_received
-                if deliveries:
-                    self._deliver_all(deliveries)
+                if items:
+                    self._deliver_all(items)
         except (EOFError, OSError):
             pass
         except BaseException as e:  # a message this side cannot read: the engine is unusable

@@ -1,8 +1,9 @@
 """How a step's outputs cross the pipe from the engine process: plain tuples in length-prefixed frames.
 
 Pickling 256 `RequestOutput`s (slotted dataclasses) took about 2 ms each way on a 2-core CPU, as long
-as the step that made them; the same content as tuples of builtins takes a tenth of that. Requests'
-refusals (QueueFullError, ValueError) travel as the exceptions they are.
+as the step that made them; the same content as tuples of builtins takes a tenth of that. The tuples stay
+as they are until a request's stream is read: `join` then makes one `RequestOutput` of every step waiting
+for it. Requests' refusals (QueueFullError, ValueError) travel as the exceptions they are.
 """
 
 from __future__ import annotations
@@ -39,20 +40,36 @@ def encode(deliveries: list[tuple[str, object]]) -> list[tuple]:
     return wire
 
 
-def decode(wire: list[tuple]) -> list[tuple[str, object]]:
-    deliveries = []
-    for entry in wire:
-        if len(entry) == 2:
-            deliveries.append(entry)
-            continue
-        request_id, outs, finished, num_prompt_tokens, extra = entry
-        outputs = [CompletionOutput(index, text, token_ids, _tokens(logprobs), finish, cumulative, score)
-                   for index, text, token_ids, logprobs, finish, cumulative, score in outs]
-        out = RequestOutput(request_id, outputs, finished, num_prompt_tokens)
-        if extra is not None:
-            out.prompt_logprobs, out.error, out.queue_time = _tokens(extra[0]), extra[1], extra[2]
-        deliveries.append((request_id, out))
-    return deliveries
+def deliveries(wire: list[tuple]) -> list[tuple[str, tuple | BaseException]]:
+    """(request_id, entry) per request of a step, an entry still in its wire form (`join` reads it when the
+    request's stream is read, so outputs of several steps make one object), a refusal as its exception."""
+    return [(entry[0], entry[1] if len(entry) == 2 else entry) for entry in wire]
+
+
+def join(entries: list[tuple]) -> RequestOutput:
+    """One output from consecutive wire entries of one request, as `merge_outputs` would join them: each
+    completion's texts, tokens and log-probabilities in order, its latest finish reason and scores."""
+    request_id, _, finished, num_prompt_tokens, _ = entries[-1]
+    completions: dict[int, CompletionOutput] = {}
+    prompt_logprobs = error = queue_time = None
+    for _, outs, _, _, extra in entries:
+        for index, text, token_ids, logprobs, finish, cumulative, score in outs:
+            c = completions.get(index)
+            if c is None:
+                completions[index] = CompletionOutput(index, text, list(token_ids), _tokens(logprobs), finish,
+                                                      cumulative, score)  # a list of its own: extended below
+                continue
+            c.text += text
+            c.token_ids += token_ids
+            if logprobs is not None:
+                c.logprobs = (c.logprobs or []) + _tokens(logprobs)
+            c.finish_reason, c.cumulative_logprob, c.score = finish, cumulative, score
+        if extra is not None:  # what only a request's first or last output carries
+            prompt_logprobs = prompt_logprobs if prompt_logprobs is not None else _tokens(extra[0])
+            error = error or extra[1]
+            queue_time = queue_time if queue_time is not None else extra[2]
+    return RequestOutput(request_id, list(completions.values()), finished, num_prompt_tokens, prompt_logprobs, error,
+                         queue_time)
 
 
 # ---- frames on a pipe ---------------------------------------------------------------------------

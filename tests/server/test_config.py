@@ -1,10 +1,14 @@
-"""`quill serve` flags that map onto engine settings."""
+"""`quill serve` flags that map onto engine and server settings."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
-from server.config import add_serve_arguments, config_from_args
+import pytest
+
+from server.config import ServerConfig, add_serve_arguments, config_from_args
+from server.serve import serve
 
 
 def parse(*argv: str):
@@ -21,3 +25,23 @@ def test_enforce_eager_is_off_unless_asked():
 def test_async_scheduling_is_off_unless_asked():
     assert parse().async_scheduling is False
     assert parse("--async-scheduling").async_scheduling is True
+
+
+def test_event_loop_and_http_parser_default_to_the_fastest_installed():
+    config = parse()
+    assert (config.loop, config.http) == ("auto", "auto")
+    config = parse("--loop", "asyncio", "--http", "h11")
+    assert (config.loop, config.http) == ("asyncio", "h11")
+
+
+def test_an_unknown_event_loop_is_refused():
+    with pytest.raises(SystemExit):
+        parse("--loop", "trio")
+    with pytest.raises(ValueError, match="loop must be one of"):
+        ServerConfig(loop="trio")
+
+
+def test_a_missing_event_loop_is_named(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="uvloop is not installed"):
+        serve(ServerConfig(loop="uvloop"))
