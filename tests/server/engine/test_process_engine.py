@@ -96,13 +96,13 @@ def test_a_dead_engine_process_fails_open_streams_and_new_requests(tiny_checkpoi
         engine.shutdown()
 
 
-def test_waiting_outputs_are_read_as_one(tiny_checkpoints):
-    """A reader that falls behind gets one output covering every step it missed."""
+def read_after_the_engine_finishes(tiny_checkpoints, params: SamplingParams) -> list:
+    """One request's outputs, read once at the start and then only after the engine has finished it."""
     engine = AsyncEngine(load_checkpoint(tiny_checkpoints["tiny-lstm"], device=TEST_DEVICE), CONFIG)
     engine.start()
 
     async def main():
-        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+        stream = engine.submit([1, 2, 3], params)
         outs = [await stream.__anext__()]
         for _ in range(200):  # let the engine finish while nobody reads
             if engine.core.has_work():
@@ -111,9 +111,15 @@ def test_waiting_outputs_are_read_as_one(tiny_checkpoints):
         return outs
 
     try:
-        outs = asyncio.run(main())
+        return asyncio.run(main())
     finally:
         engine.shutdown()
+
+
+def test_waiting_outputs_are_read_as_one(tiny_checkpoints):
+    """A reader that falls behind gets one output covering every step it missed."""
+    outs = read_after_the_engine_finishes(tiny_checkpoints, SamplingParams(max_tokens=20, temperature=0,
+                                                                           ignore_eos=True))
     assert len(outs) == 2 and outs[-1].finished
     assert sum(len(o.outputs[0].token_ids) for o in outs) == 20
 
@@ -144,22 +150,8 @@ def test_out_of_memory_in_a_step_fails_its_requests_clearly(tiny_checkpoints, mo
 
 def test_a_slow_reader_of_logprobs_gets_joined_outputs_with_every_logprob(tiny_checkpoints):
     """Outputs that waited are joined for requests with log-probabilities too, each token's entry kept."""
-    engine = AsyncEngine(load_checkpoint(tiny_checkpoints["tiny-lstm"], device=TEST_DEVICE), CONFIG)
-    engine.start()
-
-    async def main():
-        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=1))
-        outs = [await stream.__anext__()]
-        for _ in range(200):
-            if engine.core.has_work():
-                await asyncio.sleep(0.01)
-        outs += [out async for out in stream]
-        return outs
-
-    try:
-        outs = asyncio.run(main())
-    finally:
-        engine.shutdown()
+    outs = read_after_the_engine_finishes(tiny_checkpoints, SamplingParams(max_tokens=6, temperature=0,
+                                                                           ignore_eos=True, logprobs=1))
     assert len(outs) <= 2 and sum(len(o.outputs[0].token_ids) for o in outs) == 6
     assert all(len(o.outputs[0].logprobs) == len(o.outputs[0].token_ids) for o in outs)
     assert all(len(e.top) == 1 for o in outs for e in o.outputs[0].logprobs)
