@@ -21,8 +21,9 @@ def test_settings_are_served_side_by_side_with_each_sides_cpu(tmp_path, capsys):
     for label, figures in results["http_medians"].items():
         assert figures["tokens_per_s"] > 0 and 0 < figures["events_per_token"] <= 1
         assert figures["load_generator_cpu_us_per_token"] > 0
-        if sys.platform == "linux":  # both processes' CPU times come from /proc
-            assert figures["api_cpu_us_per_token"] > 0 and figures["engine_cpu_us_per_token"] > 0
+        if sys.platform == "linux":  # both processes' CPU times come from /proc, in 10 ms ticks: a run this short
+            # can spend less than one tick in the engine process, so each is measured (not None) and not negative
+            assert figures["api_cpu_us_per_token"] >= 0 and figures["engine_cpu_us_per_token"] >= 0
     assert results["median_tokens_per_s"]["in_process"] > 0
     assert "HTTP, engine process h11" in capsys.readouterr().out
 
