@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from .cache import CacheOp
-from .prefix import BlockKey, block_keys
+from .prefix import ROOT, BlockKey, block_keys
 
 
 class KVBlockManager:
@@ -26,7 +26,7 @@ class KVBlockManager:
         self.cached: dict[BlockKey, int] = {}  # key -> block holding exactly those tokens
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest freed first
         self.tables: dict[int, list[int]] = {}
-        self.keyed: dict[int, tuple[int, int]] = {}  # seq -> (its leading blocks already keyed, last key's hash)
+        self.keyed: dict[int, tuple[int, BlockKey]] = {}  # seq -> (its leading blocks already keyed, the last key)
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # prompt tokens found cached
 
@@ -58,7 +58,7 @@ class KVBlockManager:
                     break
                 self._take(block)
                 table.append(block)
-                self.keyed[seq_id] = (len(table), hash(key))
+                self.keyed[seq_id] = (len(table), key)
             self.prefix_hits += len(table) * self.block_size
         self.tables[seq_id] = table
         return len(table) * self.block_size
@@ -90,7 +90,7 @@ class KVBlockManager:
     def commit(self, seq_id: int, token_ids: list[int], num_computed: int, num_prompt_tokens: int) -> None:
         """Tokens [0, num_computed) are now in the cache: key their full blocks (prompt or output) for reuse."""
         full = num_computed // self.block_size
-        done, parent = self.keyed.get(seq_id, (0, 0))
+        done, parent = self.keyed.get(seq_id, (0, ROOT))
         if not self.enable_prefix_caching or full <= done:
             return
         table = self.tables[seq_id]
@@ -100,7 +100,7 @@ class KVBlockManager:
             if self.block_key[block] is None and key not in self.cached:
                 self.block_key[block] = key
                 self.cached[key] = block
-        self.keyed[seq_id] = (full, hash(keys[-1]))
+        self.keyed[seq_id] = (full, keys[-1])
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent until one of them writes."""
