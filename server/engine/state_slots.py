@@ -5,7 +5,8 @@ and records the resets and copies it needs as `CacheOp`s, applied by the runner.
 convolutional models: the state after every `interval` prompt tokens is snapshotted
 into a spare slot, keyed by all the tokens before it; a later prompt with the same
 prefix starts from the snapshot instead of from zero. Snapshots are evicted oldest
-first when their slots are needed.
+first when their slots are needed. A snapshot is keyed when its copy is queued, and taken back if the
+step that carries the copy fails (unfinished_keys.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import OrderedDict
 
 from .cache import CacheOp
 from .prefix import ROOT, BlockKey, block_keys
+from .unfinished_keys import UnfinishedKeys
 
 
 class StateSlotManager:
@@ -29,6 +31,7 @@ class StateSlotManager:
         self.snapshots: OrderedDict[BlockKey, int] = OrderedDict()  # least recently used first
         self.slots: dict[int, int] = {}
         self.keyed: dict[int, tuple[int, BlockKey]] = {}  # seq -> (its prompt intervals already keyed, the last key)
+        self.unfinished = UnfinishedKeys()
         self.prefix_queries = 0
         self.prefix_hits = 0
 
@@ -52,13 +55,22 @@ class StateSlotManager:
         return self.free_slots.pop()
 
     def reset(self) -> None:
-        """Forget every sequence (after a failed step, when no request holds state any more)."""
+        """Forget every sequence, and every snapshot whose copy no finished step made (after a failed step, when
+        no request holds state any more): its pending copy is dropped here, or ran in a step that failed."""
+        for key in self.unfinished.take_back():
+            slot = self.snapshots.pop(key, None)
+            if slot is not None:
+                self.free_snapshot_slots.append(slot)
         self.slots.clear()
         self.keyed.clear()
         self.free_slots = list(range(self.num_seq_slots - 1, -1, -1))
         self.ops.clear()
 
+    def step_finished(self) -> None:
+        self.unfinished.finished()
+
     def take_ops(self) -> list[CacheOp]:
+        self.unfinished.launched()
         ops, self.ops = self.ops, []
         return ops
 
@@ -112,6 +124,7 @@ class StateSlotManager:
             return
         self.ops.append(CacheOp("copy", (self.slots[seq_id],), (target,)))
         self.snapshots[key] = target
+        self.unfinished.add(key, self.unfinished.num_launched + 1)  # the next step carries the copy
 
     def fork(self, parent_id: int, child_id: int) -> None:
         slot = self._take_slot()
