@@ -6,8 +6,8 @@ prefixes get the same key only through a SHA-256 collision, which nobody can fin
 match on the key alone.
 
 Why not Python's `hash()` of (parent hash, tokens), as before: its 64 bits chain every earlier block,
-and the integer-tuple hash is the same on every run, so a collision is an offline search of about 2**32
-hashes (seconds; tests/server/engine/test_prefix.py holds one). With one, a prompt starts from blocks or
+and the integer-tuple hash is the same on every run, so a collision is an offline search of about 2**33
+hashes (under a minute on one core; tests/server/engine/test_prefix.py holds one). With one, a prompt starts from blocks or
 state computed for another prefix. SHA-256 rather than a keyed BLAKE2b: a 256-bit digest needs no secret
 to resist collisions, keys stay the same from run to run, and with the CPU's SHA instructions OpenSSL's
 SHA-256 is the cheaper of the two here (`python -m benchmarks.prefix_keys`).

@@ -10,7 +10,7 @@ from server.engine.prefix import ROOT, block_keys
 from server.engine.state_slots import StateSlotManager
 
 # Two blocks of 4 token ids whose chained Python hashes collide: hash((0, A)) == hash((0, B)), as the old
-# keys (parent hash, tokens) chained them. Found in seconds by a distinguished-point collision search over
+# keys (parent hash, tokens) chained them. Found in 20 s by a distinguished-point collision search over
 # v -> hash((0, four 16-bit chunks of v)) (about 2**33 hashes in C); CPython's tuple hash is the same on
 # every run, so anyone can search one offline.
 A = [9471, 32808, 53802, 22773]
