@@ -159,7 +159,8 @@ class Scheduler:
             batch.work += plan
             budget -= sum(n for _, n in plan)
         self.num_preemptions += batch.num_preemptions
-        batch.cache_ops = self.cache.take_ops()
+        if batch.work:  # with no step to run, the device work waits for the next one
+            batch.cache_ops = self.cache.take_ops()
         return batch
 
     def _release_slot(self, group: SequenceGroup) -> None:
