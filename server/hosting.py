@@ -1,7 +1,8 @@
 """The models a server hosts: each loaded once, with its own engine loop and its chat template.
 
 With `engine_process` (the default on CUDA) each model's engine core runs in a process of its own,
-which loads the weights; this process then reads only the checkpoint's metadata and tokenizer.
+which loads the weights; this process then reads only the checkpoint's metadata and tokenizer. A hub
+id's revision is resolved once, here, and both processes read that snapshot.
 
 Loading can be stopped (the server is stopping) between models and while an engine process loads:
 `ModelHost.load` then raises `LoadCancelled`, the engines it had started shut down.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from models.chat_template import ChatTemplate, ChatTemplateError
 from models.checkpoint import LoadedModel, load_checkpoint, resolve_device
+from models.location import locate
 
 from .config import ServerConfig
 from .engine.async_engine import AsyncEngine
@@ -153,17 +155,21 @@ class ModelHost:
             async_scheduling=config.async_scheduling,
         )
         load = dict(generation_config=config.generation_config, attention_backend=config.attention_backend,
-                    layer_ops=config.layer_ops, revision=revision)
+                    layer_ops=config.layer_ops)
         if separate:
-            engine = ProcessEngine(CoreSpec(name, path, dict(device=config.device, dtype=config.dtype, **load),
+            # A branch is resolved to its commit once: looked up again in the engine process, it could have
+            # moved in between, and the two processes would serve different snapshots.
+            location = locate(path, revision)
+            engine = ProcessEngine(CoreSpec(name, location, dict(device=config.device, dtype=config.dtype, **load),
                                             engine_config, config.threads))
             engine.start(stop)  # loads the weights there; here only what the API needs, on the device it chose
         try:
             if separate:
-                loaded = load_checkpoint(path, device=engine.info.device, dtype=engine.info.dtype, weights=False,
-                                         name=name, **load)
+                loaded = load_checkpoint(location, device=engine.info.device, dtype=engine.info.dtype,
+                                         weights=False, name=name, **load)
             else:
-                loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name, **load)
+                loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name,
+                                         revision=revision, **load)
                 engine = AsyncEngine(loaded, engine_config, name=name, threads=config.threads)
             template, no_chat_reason = chat_template_for(name, loaded, chat_template)
         except BaseException:
