@@ -24,6 +24,7 @@ from .config import ServerConfig
 from .engine.async_engine import AsyncEngine
 from .engine.core import CacheConfig, EngineConfig
 from .engine.core_process import CoreSpec
+from .engine.frontend import EngineFrontend
 from .engine.process_engine import EngineStartCancelled, ProcessEngine
 from .engine.scheduler import SchedulerConfig
 
@@ -41,7 +42,7 @@ class LoadCancelled(Exception):
 class HostedModel:
     name: str
     loaded: LoadedModel
-    engine: AsyncEngine | ProcessEngine
+    engine: EngineFrontend  # on a thread of this process (AsyncEngine) or in a process of its own (ProcessEngine)
     max_model_len: int
     created: int  # unix time, for /v1/models
     chat_template: ChatTemplate | None = None  # None: /v1/chat/completions answers 400 with `no_chat_reason`

@@ -1,5 +1,6 @@
 """The engine core in a process of its own: the same outputs as on a thread, load errors told plainly,
-a dead process noticed, a load stopped when the server stops; and what both engine kinds share: coalesced streams, clear step errors."""
+a dead process noticed, a load stopped when the server stops; and what both engine kinds share: coalesced
+streams, clear step errors."""
 
 from __future__ import annotations
 
