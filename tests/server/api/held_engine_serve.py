@@ -1,16 +1,15 @@
 """`quill serve` whose engine processes never finish loading their weights, for tests that stop a server
 while its engine processes load: `python -m tests.server.api.held_engine_serve serve ...`.
 
-An engine process is spawned: it runs this module again (as `__mp_main__`) before its main function,
-so the hold below is in place there too. Each engine process prints HELD_MESSAGE once it holds, past
-the point where it ignores SIGTERM (only the server may stop it)."""
+An engine process is spawned: it runs this module again, as `__mp_main__`, before its main function, so
+the hold is put in place there too (and only there and in the server: importing this module changes
+nothing). Each engine process prints HELD_MESSAGE once it holds, past the point where it ignores SIGTERM
+(only the server may stop it)."""
 
 from __future__ import annotations
 
 import sys
 import threading
-
-from server.engine import core_process
 
 HELD_MESSAGE = "engine process: load held"
 
@@ -20,7 +19,10 @@ def _never_loads(*args, **kwargs):
     threading.Event().wait()
 
 
-core_process.load_checkpoint = _never_loads
+if __name__ in ("__main__", "__mp_main__"):
+    from server.engine import core_process
+
+    core_process.load_checkpoint = _never_loads
 
 if __name__ == "__main__":
     from quill.cli import main
