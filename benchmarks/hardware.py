@@ -13,7 +13,8 @@ import time
 
 import torch
 
-from models.training.machine import available_cores, cpu_model_name
+from models.threads import available_cores
+from models.training.machine import cpu_model_name
 
 
 def describe_machine() -> dict:

@@ -23,7 +23,7 @@ from .attention import select_attention_backend
 from .kernels import select_layer_ops
 from .errors import CheckpointError, read_json_object
 from .generation_config import read_generation_config
-from .location import BUNDLED_DIR, locate
+from .location import BUNDLED_DIR, ModelLocation, locate
 from .registry import ARCHITECTURES
 from .tokenizer import Tokenizer
 from .tokenizer_config import read_tokenizer_config
@@ -156,7 +156,7 @@ def _read_tokenizer(path: Path, eos_ids: list[int], vocab_size: int) -> Tokenize
 
 
 def load_checkpoint(
-    path: str | Path,
+    path: str | Path | ModelLocation,
     device: str | torch.device = "auto",
     dtype: str | torch.dtype = "auto",
     name: str | None = None,
@@ -166,7 +166,8 @@ def load_checkpoint(
     weights: bool = True,
     revision: str | None = None,
 ) -> LoadedModel:
-    """Load a checkpoint (directory, bundled model name or hub id) for inference (eval mode).
+    """Load a checkpoint (directory, bundled model name or hub id, or where `locate` found one) for
+    inference (eval mode).
 
     `generation_config`: "auto" takes the checkpoint's sampling defaults from
     generation_config.json, "none" leaves them out; its end-of-sequence ids count either way.
@@ -178,11 +179,17 @@ def load_checkpoint(
     `weights`: False loads everything but the weights (the model stays on the meta device): for a
     process that tokenizes and validates while another process runs the model.
     `revision`: for a hub id, the branch, tag or commit (or a unique prefix of a cached one) to
-    read; None reads main.
+    read; None reads main. A `ModelLocation` is read as it is, its revision already resolved: two
+    processes that load one model read the same snapshot even if its branch moves in between.
     """
     if generation_config not in GENERATION_CONFIG_MODES:
         raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, not {generation_config!r}")
-    location = locate(path, revision)
+    if isinstance(path, ModelLocation):
+        if revision is not None:
+            raise ValueError(f"revision {revision} was asked for, but {path.model_id} is already located")
+        location = path
+    else:
+        location = locate(path, revision)
     path = location.path
     # A hub snapshot's directory is named after a commit: name the model after its hub id.
     name = name or (location.model_id if location.revision else path.name)

@@ -1,24 +1,31 @@
 """The models a server hosts: each loaded once, with its own engine loop and its chat template.
 
 With `engine_process` (the default on CUDA) each model's engine core runs in a process of its own,
-which loads the weights; this process then reads only the checkpoint's metadata and tokenizer.
+which loads the weights; this process then reads only the checkpoint's metadata and tokenizer. A hub
+id's revision is resolved once, here, and both processes read that snapshot.
+
+Loading can be stopped (the server is stopping) between models and while an engine process loads:
+`ModelHost.load` then raises `LoadCancelled`, the engines it had started shut down.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from models.chat_template import ChatTemplate, ChatTemplateError
 from models.checkpoint import LoadedModel, load_checkpoint, resolve_device
+from models.location import locate
 
 from .config import ServerConfig
 from .engine.async_engine import AsyncEngine
 from .engine.core import CacheConfig, EngineConfig
 from .engine.core_process import CoreSpec
-from .engine.process_engine import ProcessEngine
+from .engine.frontend import EngineFrontend
+from .engine.process_engine import EngineStartCancelled, ProcessEngine
 from .engine.scheduler import SchedulerConfig
 
 log = logging.getLogger("quill.server")
@@ -26,11 +33,16 @@ log = logging.getLogger("quill.server")
 RECURRENT_MAX_MODEL_LEN = 4096  # no attention window: bounded only so one request cannot run forever
 
 
+class LoadCancelled(Exception):
+    """The server began to stop while its models loaded: loading stopped and the engines it had started
+    were shut down."""
+
+
 @dataclass
 class HostedModel:
     name: str
     loaded: LoadedModel
-    engine: AsyncEngine | ProcessEngine
+    engine: EngineFrontend  # on a thread of this process (AsyncEngine) or in a process of its own (ProcessEngine)
     max_model_len: int
     created: int  # unix time, for /v1/models
     chat_template: ChatTemplate | None = None  # None: /v1/chat/completions answers 400 with `no_chat_reason`
@@ -80,7 +92,11 @@ class ModelHost:
         self.default = next(iter(models))
 
     @classmethod
-    def load(cls, config: ServerConfig) -> "ModelHost":
+    def load(cls, config: ServerConfig, stop: threading.Event | None = None) -> "ModelHost":
+        """Every model of `config`, loaded, its engine not yet started if it runs on a thread (`start`).
+        `stop` set while loading: raises LoadCancelled before the next model, or at once while an engine
+        process loads (it is ended); a load in this process runs to its end first."""
+        stop = stop or threading.Event()
         models = {}
         specs = config.model_specs()
         template_files = config.chat_template_files()
@@ -91,11 +107,14 @@ class ModelHost:
         revisions = config.model_revisions()
         try:
             for i, (name, path) in enumerate(specs, 1):
+                if stop.is_set():
+                    raise LoadCancelled(f"the server began to stop before {name} loaded")
                 start = time.monotonic()
                 at = f" at revision {revisions[name]}" if name in revisions else ""
                 log.info("loading model %d/%d: %s from %s%s", i, len(specs), name, path, at)
                 hosted = models[name] = cls._host(name, path, config, (i, len(specs)),
-                                                  templates.get(name, templates.get(None)), revisions.get(name))
+                                                  templates.get(name, templates.get(None)), revisions.get(name),
+                                                  stop)
                 loaded, engine = hosted.loaded, hosted.engine
                 log.info(
                     "loaded %s%s: %s, %.1fM parameters, %s on %s, %.1f MiB cache reserved (%s), max_model_len %d, "
@@ -107,16 +126,22 @@ class ModelHost:
                 if loaded.generation_defaults:
                     log.info("%s: sampling defaults from generation_config.json: %s (--generation-config none drops "
                              "them)", name, ", ".join(f"{k}={v}" for k, v in loaded.generation_defaults.items()))
-        except BaseException:
+            if stop.is_set():
+                raise LoadCancelled("the server began to stop while the models loaded")
+        except BaseException as e:
             for hosted in models.values():  # engine processes already started stop with the failed load
                 hosted.engine.shutdown()
+            if isinstance(e, EngineStartCancelled):
+                raise LoadCancelled(str(e)) from None
             raise
         return cls(models)
 
     @staticmethod
     def _host(name: str, path: str, config: ServerConfig, position: tuple[int, int],
-              chat_template: str | None = None, revision: str | None = None) -> HostedModel:
-        """`position`: (this model's number from 1, how many are hosted); `revision`: of a hub id (None: main)."""
+              chat_template: str | None = None, revision: str | None = None,
+              stop: threading.Event | None = None) -> HostedModel:
+        """`position`: (this model's number from 1, how many are hosted); `revision`: of a hub id (None: main);
+        `stop`: set, an engine process still loading is ended (EngineStartCancelled)."""
         separate = uses_engine_process(config)
         number, num_models = position
         # Models on one GPU share the fraction equally, each engine sizing its cache alone, models loaded in
@@ -131,17 +156,21 @@ class ModelHost:
             async_scheduling=config.async_scheduling,
         )
         load = dict(generation_config=config.generation_config, attention_backend=config.attention_backend,
-                    layer_ops=config.layer_ops, revision=revision)
+                    layer_ops=config.layer_ops)
         if separate:
-            engine = ProcessEngine(CoreSpec(name, path, dict(device=config.device, dtype=config.dtype, **load),
+            # A branch is resolved to its commit once: looked up again in the engine process, it could have
+            # moved in between, and the two processes would serve different snapshots.
+            location = locate(path, revision)
+            engine = ProcessEngine(CoreSpec(name, location, dict(device=config.device, dtype=config.dtype, **load),
                                             engine_config, config.threads))
-            engine.start()  # loads the weights there; here only what the API needs, on the device it chose
+            engine.start(stop)  # loads the weights there; here only what the API needs, on the device it chose
         try:
             if separate:
-                loaded = load_checkpoint(path, device=engine.info.device, dtype=engine.info.dtype, weights=False,
-                                         name=name, **load)
+                loaded = load_checkpoint(location, device=engine.info.device, dtype=engine.info.dtype,
+                                         weights=False, name=name, **load)
             else:
-                loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name, **load)
+                loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name,
+                                         revision=revision, **load)
                 engine = AsyncEngine(loaded, engine_config, name=name, threads=config.threads)
             template, no_chat_reason = chat_template_for(name, loaded, chat_template)
         except BaseException:

@@ -2,8 +2,11 @@
 
 Startup: the port opens at once and /ready answers 503 while checkpoints load on a
 thread; the engines start when all are loaded. A checkpoint that fails to load stops
-the server with its error. SIGTERM: /ready and new generation requests answer 503,
-in-flight requests get up to `drain_seconds` to finish, then the process exits 0.
+the server with its error (exit code 2). SIGTERM: /ready and new generation requests
+answer 503, in-flight requests get up to `drain_seconds` to finish, then the process
+exits 0. SIGTERM while the models load stops the loading (an engine process still
+loading is ended; a load in this process is waited for up to LOADER_STOP_SECONDS),
+shuts down the engines already started, starts none, and exits 0.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from models.checkpoint import CheckpointError
 from .api.app import attach_host, create_app
 from .config import ServerConfig
 from .engine.process_engine import EngineStartError
-from .hosting import ModelHost
+from .hosting import LoadCancelled, ModelHost
 
 log = logging.getLogger("quill.server")
 
@@ -44,8 +47,11 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame) -> None:
         state = self.quill_app.state
-        if sig == signal.SIGTERM and not state.draining and self.loop is not None:
+        if sig == signal.SIGTERM and not state.draining:
             state.draining = True
+            if self.loop is None:  # not serving yet: nothing to drain
+                self.should_exit = True
+                return
             log.info("SIGTERM: draining (up to %.0fs for in-flight requests)", self.drain_seconds)
             self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._drain()))
             return
@@ -74,6 +80,11 @@ def _require_installed(config: ServerConfig) -> None:
 # token, measured; 1.3 us at 10,000). Garbage without cycles is freed at once whatever this is.
 YOUNG_COLLECTION_THRESHOLD = 10_000
 
+# How long a server that began to stop while its models load waits for the loader to wind down. An engine
+# process still loading is ended at once; a load in this process (a thread engine's weights, a tokenizer)
+# cannot be interrupted, and past this the process exits with it unfinished (it has started no engine).
+LOADER_STOP_SECONDS = 5.0
+
 
 def _tune_garbage_collector() -> None:
     """Keep the cyclic garbage collector off what startup left alive (modules, models, the app: some 200,000
@@ -89,24 +100,45 @@ def build_server(config: ServerConfig) -> DrainingServer:
     _require_installed(config)
     app = create_app(None, config)
     server: DrainingServer | None = None
+    stopping = threading.Event()  # set when the server begins to stop: loading stops, no engine starts after
+    attaching = threading.Lock()  # starting the loaded engines and setting `stopping` happen one after the other
 
     def load() -> None:
         try:
-            host = ModelHost.load(config)
-            host.start()
-            attach_host(app, host)
-            _tune_garbage_collector()
-            log.info("ready: %s (default %s) on http://%s:%d", ", ".join(host.models), host.default,
-                     config.host, config.port)
+            host = ModelHost.load(config, stopping)
+        except LoadCancelled as e:
+            log.info("loading stopped: %s", e)
+            return
         except (CheckpointError, EngineStartError, ValueError, OSError) as e:
             log.error("cannot load models: %s", e)
             server.exit_code = 2
             server.should_exit = True
+            return
+        with attaching:
+            if not stopping.is_set():
+                host.start()
+                attach_host(app, host)
+        if app.state.host is not host:  # loaded as the server began to stop: its engines never run
+            log.info("loading stopped: the server began to stop as the models finished loading")
+            host.shutdown()
+            return
+        _tune_garbage_collector()
+        log.info("ready: %s (default %s) on http://%s:%d", ", ".join(host.models), host.default,
+                 config.host, config.port)
+
+    loader = threading.Thread(target=load, name="model-loader", daemon=True)
 
     @asynccontextmanager
     async def lifespan(_app):
-        threading.Thread(target=load, name="model-loader", daemon=True).start()
+        loader.start()
         yield
+        with attaching:
+            stopping.set()
+        if loader.is_alive():
+            await asyncio.to_thread(loader.join, LOADER_STOP_SECONDS)
+            if loader.is_alive():  # it started no engine; what it was reading dies with the process
+                log.warning("a model was still loading %.0fs after the server began to stop: it is cut off",
+                            LOADER_STOP_SECONDS)
         if app.state.host is not None:
             app.state.host.shutdown()
 

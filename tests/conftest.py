@@ -151,12 +151,13 @@ def free_port() -> int:
 
 
 class LiveServer:
-    """`quill serve` in a subprocess on a loopback port."""
+    """`quill serve` in a subprocess on a loopback port (`module`: the one run with -m, quill's command line
+    by default)."""
 
-    def __init__(self, tiny_checkpoints, *extra: str, env: dict | None = None):
+    def __init__(self, tiny_checkpoints, *extra: str, env: dict | None = None, module: str = "quill.cli"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "quill.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        args = [sys.executable, "-m", module, "serve", "--host", "127.0.0.1", "--port", str(self.port),
                 "--device", str(TEST_DEVICE), "--dtype", "float32", "--cache-bytes", str(4 * 2**20), "--block-size", "4",
                 "--max-tokens-limit", "256", "--drain-seconds", "5"]
         for name, path in tiny_checkpoints.items():

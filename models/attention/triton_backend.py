@@ -56,7 +56,7 @@ class TritonPagedAttention:
         if batch.max_query_len == 1:
             return cls._build_decode(batch, block_size)
         lens = batch.query_lens
-        block_q = 1 if batch.max_query_len == 1 else min(_next_power_of_2(batch.max_query_len), MAX_BLOCK_Q)
+        block_q = min(_next_power_of_2(batch.max_query_len), MAX_BLOCK_Q)
         tile_seqs: list[int] = []
         tile_starts: list[int] = []
         for seq, n in enumerate(lens):

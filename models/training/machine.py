@@ -1,18 +1,11 @@
 """What ran a training job, so every reported figure says which machine produced it."""
 
-import os
 import platform
 from pathlib import Path
 
 import torch
 
-
-def available_cores() -> int:
-    """Cores this process may run on (affinity/cgroup-aware where the OS tells us), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS, Windows
-        return max(1, os.cpu_count() or 1)
+from models.threads import available_cores
 
 
 def cpu_model_name() -> str:

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from models.threads import ThreadTuner, available_cores
 from models.training.evaluation import perplexity
-from models.training.machine import available_cores, describe_machine
-from models.training.threads import ThreadTuner
+from models.training.machine import describe_machine
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class TrainingConfig:
     # bfloat16 autocast for the training forward pass (weights and optimizer stay float32):
     # ~1.6x faster on a CPU with AVX512-BF16; evaluation always runs in float32.
     autocast_bfloat16: bool = True
-    num_threads: int | None = None  # None: re-picked from measured step times (see threads.py)
+    num_threads: int | None = None  # None: re-picked from measured step times (see models/threads.py)
 
     def __post_init__(self):
         if min(self.context, self.batch_size, self.max_steps, self.eval_every, self.eval_batch_size) < 1:

@@ -19,7 +19,7 @@ from fastapi.responses import StreamingResponse
 
 from server import __version__
 from server.config import ServerConfig
-from server.engine.async_engine import RequestStream
+from server.engine.frontend import RequestStream
 from server.engine.outputs import CompletionOutput, TokenLogprob
 from server.hosting import HostedModel
 from server.sampling import SamplingParams

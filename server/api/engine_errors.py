@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from server.engine.async_engine import EngineDeadError
+from server.engine.frontend import EngineDeadError
 from server.engine.outputs import RequestOutput
 from server.engine.scheduler import QueueFullError
 

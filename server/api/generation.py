@@ -9,7 +9,7 @@ from collections.abc import Awaitable
 
 from fastapi import Request
 
-from server.engine.async_engine import RequestStream
+from server.engine.frontend import RequestStream
 from server.engine.scheduler import QueueFullError
 from server.hosting import HostedModel, ModelHost
 from server.sampling import SamplingParams

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from server.engine.async_engine import RequestStream
+from server.engine.frontend import RequestStream
 from server.engine.outputs import RequestOutput
 
 from .metrics import Metrics, observe_repeated

@@ -17,11 +17,9 @@ from models.checkpoint import LoadedModel
 from .core import EngineConfig, EngineCore
 from .core_loop import CoreLoop
 from .cpu_threads import StepThreads
-from .frontend import EngineDeadError, EngineFrontend, RequestStream
+from .frontend import EngineFrontend
 
 log = logging.getLogger("quill.engine")
-
-__all__ = ["AsyncEngine", "EngineDeadError", "RequestStream"]
 
 
 class AsyncEngine(EngineFrontend):

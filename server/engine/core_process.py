@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from models.checkpoint import load_checkpoint
+from models.location import ModelLocation
 
 from .core import EngineConfig, EngineCore
 from .core_loop import CoreLoop
@@ -40,7 +41,7 @@ class CoreSpec:
     """Everything the engine process needs to load its model and build its core (picklable)."""
 
     name: str
-    path: str
+    path: str | ModelLocation  # located by the API process: a hub id's branch already resolved to a commit
     load_options: dict  # keyword arguments of load_checkpoint: device, dtype, attention_backend, ...
     engine_config: EngineConfig
     threads: int | str | None = None

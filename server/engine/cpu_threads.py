@@ -14,8 +14,7 @@ import time
 
 import torch
 
-from models.training.machine import available_cores
-from models.training.threads import ThreadTuner
+from models.threads import ThreadTuner, available_cores
 
 from .core import StepStats
 

@@ -53,6 +53,15 @@ class EngineFrontend(ABC):
     def num_pending(self) -> int:
         """Requests waiting for admission, including those not yet handed to the core."""
 
+    @property
+    @abstractmethod
+    def cache_bytes(self) -> int:
+        """What the model's cache reserved on its device."""
+
+    @abstractmethod
+    def describe_cache(self) -> str:
+        """The cache in words, for the load log: what it holds, in what blocks or slots."""
+
     @abstractmethod
     def _send_add(self, request_id: str, prompt_token_ids: list[int], params) -> None: ...
 

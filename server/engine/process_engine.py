@@ -16,6 +16,7 @@ import multiprocessing
 import pickle
 import queue
 import threading
+import time
 
 from .core import EngineStats
 from .outputs import RequestOutput
@@ -25,9 +26,15 @@ from .wire import FrameReader, deliveries, join
 
 log = logging.getLogger("quill.engine")
 
+STOP_POLL_SECONDS = 0.1  # while the engine process loads, how often start() looks whether the server is stopping
+
 
 class EngineStartError(RuntimeError):
     """The engine process could not load its model (the message says why) or did not start."""
+
+
+class EngineStartCancelled(EngineStartError):
+    """The server began to stop while the engine process loaded its model: the process was ended."""
 
 
 class ProcessEngine(EngineFrontend):
@@ -59,10 +66,13 @@ class ProcessEngine(EngineFrontend):
 
     # ---- lifecycle -----------------------------------------------------------------
 
-    def start(self) -> None:
-        """Spawn the engine process and wait until its model is loaded; raises EngineStartError with its reason."""
+    def start(self, stop: threading.Event | None = None) -> None:
+        """Spawn the engine process and wait until its model is loaded; raises EngineStartError with its reason.
+        `stop` set before then: the process is killed (it ignores SIGTERM) and EngineStartCancelled raised."""
         if self._process is not None:
             return
+        if stop is not None and stop.is_set():
+            raise EngineStartCancelled(f"{self.name}: the server began to stop before its engine process started")
         context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA state
         child_conn, self._conn = context.Pipe(duplex=False)
         self._up, child_up = context.Pipe(duplex=False)
@@ -73,7 +83,7 @@ class ProcessEngine(EngineFrontend):
         child_up.close()
         self._frames = FrameReader(self._up.fileno())
         log.info("%s: engine process started (pid %d)", self.name, self._process.pid)
-        message = self._first_message()
+        message = self._first_message(stop)
         if message[0] != "ready":
             self._process.join(5)
             raise EngineStartError(f"{self.name}: {message[1]}")
@@ -83,10 +93,16 @@ class ProcessEngine(EngineFrontend):
         self._sender = threading.Thread(target=self._write, name=f"engine-sender-{self.name}", daemon=True)
         self._sender.start()
 
-    def _first_message(self) -> tuple:
-        if not self._up.poll(self.ready_timeout):
-            self._process.kill()
-            return ("failed", f"the engine process did not load its model within {self.ready_timeout:.0f}s")
+    def _first_message(self, stop: threading.Event | None) -> tuple:
+        deadline = None if self.ready_timeout is None else time.monotonic() + self.ready_timeout
+        while not self._up.poll(STOP_POLL_SECONDS):
+            if stop is not None and stop.is_set():
+                self._process.kill()
+                self._process.join()
+                raise EngineStartCancelled(f"{self.name}: the server began to stop while its engine process loaded")
+            if deadline is not None and time.monotonic() > deadline:
+                self._process.kill()
+                return ("failed", f"the engine process did not load its model within {self.ready_timeout:.0f}s")
         try:
             return self._receive()[0]
         except (EOFError, OSError):

@@ -29,7 +29,6 @@ class Sequence:
     num_prompt_tokens: int
     index: int = 0  # which of the request's outputs this is
     num_computed: int = 0
-    generator: torch.Generator | None = None
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     text: str = ""  # output text so far (stop strings already cut)

@@ -4,6 +4,7 @@ from .batch import SamplingBatch, new_generator
 from .params import SamplingParamError, SamplingParams
 from .sampler import PromptLogprobs, SamplerOutput, process_logits, prompt_logprobs, sample
 from .stop import StopChecker, StopDecision
+from .table import build_batch
 
 __all__ = [
     "PromptLogprobs",
@@ -13,6 +14,7 @@ __all__ = [
     "SamplingParams",
     "StopChecker",
     "StopDecision",
+    "build_batch",
     "new_generator",
     "process_logits",
     "prompt_logprobs",

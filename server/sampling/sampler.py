@@ -14,7 +14,7 @@ import torch
 
 from models.host_copy import to_device
 
-from .batch import SamplingBatch, new_generator  # noqa: F401  (re-exported: the engine imports both from here)
+from .batch import SamplingBatch
 from .processors import (
     apply_banned_tokens,
     apply_logit_bias,

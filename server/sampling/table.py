@@ -5,18 +5,20 @@ request starts running (one host-to-device copy for all requests admitted in a s
 gathers its rows by slot, so building the sampler's per-row tensors costs a handful of device
 ops whatever the batch size, instead of one Python pass and one copy per setting per step.
 Only what is rare and changes every step (penalty counts, min_tokens bans, logit bias) is built
-from the token lists, and only for steps where some row uses it.
+from the token lists, and only for steps where some row uses it. `build_batch` makes one batch
+outside an engine, through a table of its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from models.host_copy import to_device
 
-from .batch import SamplingBatch, flat_banned_tokens, flat_logit_bias
+from .batch import SamplingBatch
 from .params import SamplingParams
 from .processors import token_counts
 
@@ -100,3 +102,76 @@ class SamplingTable:
             # Chosen tokens' log-probabilities serve logprobs and ranking n samples (best_of); nothing else.
             needs_logprobs=any(p.logprobs is not None or p.n > 1 for p in params),
         )
+
+
+def build_batch(
+    params: Sequence[SamplingParams],
+    prompt_ids: Sequence[list[int]],
+    output_ids: Sequence[list[int]],
+    generators: Sequence[torch.Generator | None],
+    vocab_size: int,
+    device: torch.device | str,
+    eos_token_ids: Sequence[int] = (),
+) -> SamplingBatch:
+    """A batch on its own, through a table of its own (the engine gathers its batches from one table).
+
+    Row i samples the next token of a sequence with settings params[i], prompt prompt_ids[i]
+    and generated tokens output_ids[i]. generators[i] is used (and advanced) when the row is
+    random and it is not None: the engine makes one per seeded request with `new_generator`
+    and keeps it across steps. eos_token_ids are banned, with stop_token_ids, until min_tokens.
+    """
+    num_rows = len(params)
+    if not num_rows == len(prompt_ids) == len(output_ids) == len(generators):
+        raise ValueError(
+            f"one entry per row expected: {num_rows} params, {len(prompt_ids)} prompts, "
+            f"{len(output_ids)} outputs, {len(generators)} generators"
+        )
+    table = SamplingTable(max(num_rows, 1), vocab_size, device)
+    table.write(list(range(num_rows)), list(params))
+    slots = torch.arange(num_rows, device=device)
+    batch = table.gather(slots, params, generators, prompt_ids, output_ids, eos_token_ids)
+    return replace(batch, needs_logprobs=True)  # built on its own, a batch reports every row's log-probability
+
+
+def flat_logit_bias(
+    params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    # Ids past the vocabulary are skipped here; SamplingParams.check_vocab rejects them at admission.
+    entries = [
+        (row, token_id, value)
+        for row, p in enumerate(params)
+        for token_id, value in (p.logit_bias or {}).items()
+        if token_id < vocab_size
+    ]
+    if not entries:
+        return None
+    rows, token_ids, values = zip(*entries)
+    return (
+        to_device(rows, device, torch.long),
+        to_device(token_ids, device, torch.long),
+        to_device(values, device, torch.float32),
+    )
+
+
+def flat_banned_tokens(
+    params: Sequence[SamplingParams],
+    output_ids: Sequence[list[int]],
+    eos_token_ids: Sequence[int],
+    vocab_size: int,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    # A row may not end (EOS or a stop id) until it has min_tokens generated tokens.
+    entries = [
+        (row, token_id)
+        for row, (p, out) in enumerate(zip(params, output_ids))
+        if len(out) < p.min_tokens
+        for token_id in p.all_stop_token_ids(eos_token_ids)
+        if token_id < vocab_size
+    ]
+    if not entries:
+        return None
+    rows, token_ids = zip(*entries)
+    return (
+        to_device(rows, device, torch.long),
+        to_device(token_ids, device, torch.long),
+    )

@@ -43,6 +43,16 @@ def test_the_loaded_model_is_the_snapshot_asked_for(revision_cache):
     assert load_checkpoint(REPO, device="cpu", weights=False).generation_defaults == {"temperature": 0.1}
 
 
+def test_a_located_model_is_read_where_it_was_found(revision_cache):
+    """What another process located is loaded as it is: v1.0 is not looked up again after it moved."""
+    location = locate(REPO, "v1.0")
+    (revision_cache / "models--quill-test--revisions" / "refs" / "v1.0").write_text(PR)
+    loaded = load_checkpoint(location, device="cpu", weights=False)
+    assert (loaded.model_id, loaded.revision, loaded.generation_defaults) == (REPO, TAG, {"temperature": 0.2})
+    with pytest.raises(ValueError, match="already located"):
+        load_checkpoint(location, device="cpu", weights=False, revision="v1.0")
+
+
 def test_a_revision_the_cache_lacks_lists_the_cached_ones(revision_cache):
     with pytest.raises(CheckpointError) as info:
         locate(REPO, "v2.0")

@@ -19,7 +19,6 @@ from models.training.corpus import (
 from models.training.evaluation import mean_nll, perplexity
 from models.training.pipeline import Dataset, train_recipe
 from models.training.recipes import DEFAULT_RECIPES, Recipe
-from models.training.threads import ThreadTuner
 from models.training.trainer import TrainingConfig, count_parameters, learning_rate_at, sample_windows, train
 
 PLAYS = {
@@ -201,40 +200,6 @@ def test_trainer_stops_at_its_wall_clock_budget():
     record = train(model, ids, ids[:50], config)
     assert record.stopped_by == "time"
     assert record.training_seconds < 5
-
-
-# Thread count
-
-
-def run_steps(tuner: ThreadTuner, seconds_per_count: dict[int, float], num_steps: int) -> None:
-    for _ in range(num_steps):
-        threads = tuner.next_threads()
-        tuner.record(threads, seconds_per_count[threads])
-
-
-def test_thread_tuner_keeps_the_fastest_count_and_re_probes():
-    tuner = ThreadTuner([1, 2], retune_every=10, probe_steps=2)
-    run_steps(tuner, {2: 3.0, 1: 1.0}, 4)  # another job holds a core: one thread is faster
-    assert tuner.chosen == 1
-    run_steps(tuner, {2: 3.0, 1: 1.0}, 10)
-    assert tuner.steps_per_count == {2: 2, 1: 12}
-
-    run_steps(tuner, {2: 0.5, 1: 1.0}, 4)  # the machine is free again; the periodic probe notices
-    assert tuner.chosen == 2
-
-
-def test_thread_tuner_re_probes_early_when_steps_slow_down():
-    tuner = ThreadTuner([1, 2], retune_every=1000, probe_steps=2)
-    run_steps(tuner, {2: 1.0, 1: 2.0}, 4)
-    assert tuner.chosen == 2
-    run_steps(tuner, {2: 5.0, 1: 2.0}, 3 + 4)  # three slow steps, then a probe round
-    assert tuner.chosen == 1
-
-
-def test_a_fixed_thread_count_is_never_probed():
-    tuner = ThreadTuner([3])
-    run_steps(tuner, {3: 1.0}, 500)
-    assert tuner.steps_per_count == {3: 500}
 
 
 # Recipes and the whole pipeline, with the real architectures at toy sizes

@@ -13,11 +13,13 @@ import torch
 import transformers
 
 from models.chat_template import ChatTemplate
+from models import location
 from models.checkpoint import CheckpointError, load_checkpoint
 from models.location import BUNDLED_DIR
 from models.tokenizer_config import read_tokenizer_config
 from server.api.app import create_app
 from server.config import DEFAULT_MODELS, ServerConfig, add_serve_arguments, config_from_args
+from server.engine.process_engine import ProcessEngine
 from server.hosting import ModelHost
 from tests.conftest import TEST_DEVICE, LiveServer
 from tests.hub_checkpoints import CHAT_MIN_TOKENS, CHAT_PROMPT, snapshot_dir, write_revisions
@@ -126,7 +128,7 @@ def test_bare_hub_id_is_named_by_itself(tmp_path):
 
 # ---- hub revisions -------------------------------------------------------------------------------
 
-REVISIONS, TAG = "quill-test/revisions", "2" * 40
+REVISIONS, TAG, MOVED = "quill-test/revisions", "2" * 40, "3" * 40
 
 
 def test_revision_flag(monkeypatch, tmp_path):
@@ -179,6 +181,43 @@ async def test_a_model_is_served_at_its_revision(revision_cache, separate):
         assert (info["model_id"], info["model_sha"]) == (REVISIONS, TAG)
     finally:
         host.shutdown()
+
+
+def test_a_branch_is_resolved_once_for_both_processes(hub_cache, tmp_path, monkeypatch):
+    """With the engine in a process of its own, --revision v1.0 is looked up once and the engine process is
+    handed that snapshot. v1.0 moves as soon as it has been looked up (here, or by the time the engine process
+    has loaded): to a snapshot whose weights are missing and which recommends another temperature, so that
+either process reading it would show."""
+    cache = tmp_path / "hub"
+    write_revisions(cache, REVISIONS, snapshot_dir(hub_cache[0], LLAMA), {TAG: 0.2, MOVED: 0.7}, {"v1.0": TAG})
+    for shard in snapshot_dir(cache, REVISIONS, MOVED).glob("model-*.safetensors"):
+        shard.unlink()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ref = snapshot_dir(cache, REVISIONS).parent.parent / "refs" / "v1.0"
+    looked_up, started = location.hub_snapshot, ProcessEngine.start
+
+    def look_up_then_move(*args, **kwargs):
+        try:
+            return looked_up(*args, **kwargs)
+        finally:
+            ref.write_text(MOVED)
+
+    def start_then_move(self, *args, **kwargs):
+        started(self, *args, **kwargs)
+        ref.write_text(MOVED)
+
+    monkeypatch.setattr(location, "hub_snapshot", look_up_then_move)
+    monkeypatch.setattr(ProcessEngine, "start", start_then_move)
+    host = ModelHost.load(ServerConfig(models=[f"llama={REVISIONS}"], revisions=["llama=v1.0"], device=str(TEST_DEVICE),
+                                       dtype="float32", cache_bytes=2**20, engine_process=True))
+    try:
+        hosted = host.models["llama"]
+        assert (hosted.loaded.revision, hosted.loaded.generation_defaults) == (TAG, {"temperature": 0.2})
+        assert hosted.engine.spec.path.revision == TAG and hosted.engine.is_alive
+    finally:
+        host.shutdown()
+    assert ref.read_text() == MOVED
 
 
 def test_without_a_revision_main_is_read(revision_cache):

@@ -6,7 +6,7 @@ import pytest
 
 from server.api.engine_errors import checked, engine_error
 from server.api.errors import APIError
-from server.engine.async_engine import EngineDeadError
+from server.engine.frontend import EngineDeadError
 from server.engine.outputs import CompletionOutput, RequestOutput
 from server.engine.scheduler import QueueFullError
 

@@ -1,7 +1,9 @@
-"""The real server process on a loopback port: the official openai client, dropped streams, SIGTERM."""
+"""The real server process on a loopback port: the official openai client, dropped streams, SIGTERM (while
+serving, and while loading)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -14,6 +16,7 @@ import openai
 import pytest
 
 from tests.server.api.conftest import LiveServer
+from tests.server.api.held_engine_serve import HELD_MESSAGE
 
 
 def metric(url: str, name: str, model: str) -> float:
@@ -121,3 +124,43 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_checkpoints, eng
     for status, body in results.values():  # in-flight requests ran to the end
         assert status == 200 and body["usage"]["completion_tokens"] == 2 * 1500
     assert len(results) == 4 and server.process.returncode == 0
+
+
+def is_running(pid: int) -> bool:
+    """A process that exists and is not a zombie (a container's init may never reap an orphan)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def test_sigterm_while_an_engine_process_loads_ends_it_and_exits_zero(tiny_checkpoints):
+    """The engine process (which ignores SIGTERM) holds in its load: SIGTERM to the server ends it, starts no
+    engine, and the server exits 0 at once (it used to wait on the engine process forever)."""
+    lstm = {"tiny-lstm": tiny_checkpoints["tiny-lstm"]}
+    server = LiveServer(lstm, "--engine-process", module="tests.server.api.held_engine_serve")
+    try:
+        deadline = time.monotonic() + 60
+        while HELD_MESSAGE not in server.output() and server.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert HELD_MESSAGE in server.output(), server.output()
+        engine_pid = int(re.search(r"engine process started \(pid (\d+)\)", server.output()).group(1))
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            returncode = server.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            returncode = None
+    finally:
+        output = server.stop()
+        if "engine_pid" in locals() and is_running(engine_pid):
+            os.kill(engine_pid, signal.SIGKILL)
+    assert returncode == 0, output
+    assert not is_running(engine_pid)
+    assert "loading stopped" in output and "ready:" not in output

@@ -1,10 +1,16 @@
 """While the models load, every route that needs them answers 503 in its dialect, with Retry-After, as
-/ready does; none answers 500. The real server is tested with its load held open, then let go."""
+/ready does; none answers 500. The real server is tested with its load held open, then let go; and
+stopped while it loads, which starts no engine."""
 
 from __future__ import annotations
 
-import httpx
+import multiprocessing
+import signal
 
+import httpx
+import pytest
+
+from server import serve
 from server.api.app import create_app
 from server.api.errors import is_openai_path
 from server.api.generation import LOADING_RETRY_AFTER_SECONDS
@@ -72,3 +78,23 @@ def test_a_loading_server_refuses_then_serves(tiny_checkpoints):
         assert info["model_id"] == tiny_checkpoints[next(iter(tiny_checkpoints))]
         assert httpx.post(f"{url}/tokenize", json=BODIES["/tokenize"]).json()["count"] > 0
     assert held.server.exit_code == 0
+
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["thread", "process"])
+def test_sigterm_while_loading_stops_the_load_and_starts_no_engine(tiny_checkpoints, separate, monkeypatch):
+    """SIGTERM with the first model loaded (its engine process running, with `separate`) and the second one
+    loading in this process: the server waits LOADER_STOP_SECONDS for that load, then exits 0; when the load
+    ends after that, no engine starts, and the first model's engine is shut down."""
+    monkeypatch.setattr(serve, "LOADER_STOP_SECONDS", 1.0)
+    children = set(multiprocessing.active_children())
+    config = server_config(tiny_checkpoints, port=free_port(), engine_process=separate)
+    with HeldLoadServer(config, held_model=2) as held:
+        held.wait_held()
+        held.server.handle_exit(signal.SIGTERM, None)  # what uvicorn's SIGTERM handler calls
+        assert held.wait_stopped(10), "the server did not stop within 10s of SIGTERM"
+        held.release()  # the load in progress ends after the server stopped
+        held.loader.join(10)  # had it gone on to start the engines, it would have by now
+    assert held.server.exit_code == 0 and not held.loader.is_alive()
+    assert held.hosted and not any(hosted.engine.is_alive for hosted in held.hosted)
+    assert set(multiprocessing.active_children()) <= children  # no engine process left behind

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from server.api.app import create_app
-from server.engine.async_engine import EngineDeadError
+from server.engine.frontend import EngineDeadError
 from server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from server.engine.scheduler import QueueFullError
 from tests.server.api.conftest import TINY, server_config

@@ -31,6 +31,13 @@ class RecordingFrontend(EngineFrontend):
     def num_pending(self) -> int:
         return 0
 
+    @property
+    def cache_bytes(self) -> int:
+        return 0
+
+    def describe_cache(self) -> str:
+        return "none"
+
     def _send_add(self, request_id, prompt_token_ids, params) -> None:
         self.sent.append(("add", request_id))
 

@@ -1,5 +1,6 @@
 """The engine core in a process of its own: the same outputs as on a thread, load errors told plainly,
-a dead process noticed; and what both engine kinds share: coalesced streams, clear step errors."""
+a dead process noticed, a load stopped when the server stops; and what both engine kinds share: coalesced
+streams, clear step errors."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from server.engine.async_engine import AsyncEngine
 from server.engine.core import CacheConfig, EngineConfig
 from server.engine.core_process import CoreSpec
 from server.engine.frontend import EngineDeadError
-from server.engine.process_engine import EngineStartError, ProcessEngine
+from server.engine.process_engine import EngineStartCancelled, EngineStartError, ProcessEngine
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.conftest import TEST_DEVICE
@@ -73,6 +74,24 @@ def test_a_load_error_is_told_plainly(tmp_path):
     with pytest.raises(EngineStartError, match="no such checkpoint directory"):
         engine.start()
     assert not engine.is_alive
+
+
+def test_a_stop_ends_an_engine_process_that_is_still_loading(tiny_checkpoints):
+    """The server stopping while an engine process loads (it ignores SIGTERM) ends it at once; one asked to
+    start after the stop never starts."""
+    stop = threading.Event()
+    engine = ProcessEngine(spec(tiny_checkpoints["tiny-lstm"]))
+    timer = threading.Timer(0.2, stop.set)  # long before a spawned interpreter has imported torch
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(EngineStartCancelled, match="began to stop while its engine process loaded"):
+        engine.start(stop)
+    assert time.monotonic() - started < 5
+    assert engine.pid is not None and not engine._process.is_alive() and not engine.is_alive
+    later = ProcessEngine(spec(tiny_checkpoints["tiny-lstm"]))
+    with pytest.raises(EngineStartCancelled, match="before its engine process started"):
+        later.start(stop)
+    assert later.pid is None
 
 
 def test_a_dead_engine_process_fails_open_streams_and_new_requests(tiny_checkpoints):

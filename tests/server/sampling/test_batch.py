@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from server.sampling.batch import SamplingBatch, new_generator
+from server.sampling.batch import new_generator
 from server.sampling.params import SamplingParams
+from server.sampling.table import build_batch
 from tests.conftest import TEST_DEVICE
 
 V = 10
@@ -10,14 +11,14 @@ V = 10
 
 def build(params, outputs=None, generators=None, eos_token_ids=()):
     rows = len(params)
-    return SamplingBatch.build(
+    return build_batch(
         params, [[1, 2]] * rows, outputs or [[]] * rows, generators or [None] * rows, V, TEST_DEVICE, eos_token_ids
     )
 
 
 def test_rows_must_line_up():
     with pytest.raises(ValueError, match="one entry per row"):
-        SamplingBatch.build([SamplingParams()] * 2, [[1]], [[], []], [None, None], V, TEST_DEVICE)
+        build_batch([SamplingParams()] * 2, [[1]], [[], []], [None, None], V, TEST_DEVICE)
 
 
 def test_greedy_rows_turn_every_filter_off():

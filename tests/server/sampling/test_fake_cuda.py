@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from server.sampling import SamplingBatch, SamplingParams, prompt_logprobs, sample
+from server.sampling import SamplingBatch, SamplingParams, build_batch, prompt_logprobs, sample
 from server.sampling.beam import BeamRequest, beam_candidates
 from tests.fake_cuda import CUDA, assert_on_cuda, fake_cuda
 
@@ -30,7 +30,7 @@ def cuda_batch(params: list[SamplingParams]) -> SamplingBatch:
     rows = len(params)
     prompts = [[1, 2, 3, 2]] * rows
     outputs = [[4, 4, 9]] + [[]] * (rows - 1)
-    return SamplingBatch.build(params, prompts, outputs, [None] * rows, V, CUDA, eos_token_ids=[EOS])
+    return build_batch(params, prompts, outputs, [None] * rows, V, CUDA, eos_token_ids=[EOS])
 
 
 def test_mixed_settings_sample_on_cuda():

@@ -11,7 +11,6 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from server.sampling.batch import SamplingBatch
 from server.sampling.params import SamplingParams
 from server.sampling.processors import (
     apply_banned_tokens,
@@ -25,6 +24,7 @@ from server.sampling.processors import (
     token_counts,
 )
 from server.sampling.sampler import process_logits
+from server.sampling.table import build_batch
 from tests.conftest import TEST_DEVICE
 
 B, V = 6, 64
@@ -156,7 +156,7 @@ def test_mixed_batch_matches_hf_row_by_row(logits):
     ]
     prompts = [[1, 2, 3], [4], [5, 5, 6], [7, 8], [9], [10, 11, 12]]
     outputs = [[13], [], [14, 1], [7], [20, 21], [3, 3]]
-    batch = SamplingBatch.build(params, prompts, outputs, [None] * B, V, TEST_DEVICE)
+    batch = build_batch(params, prompts, outputs, [None] * B, V, TEST_DEVICE)
     out = process_logits(logits, batch)
     for row, p in enumerate(params):
         seen = torch.tensor([prompts[row] + outputs[row]], device=TEST_DEVICE)
@@ -165,7 +165,7 @@ def test_mixed_batch_matches_hf_row_by_row(logits):
 
 
 def test_off_settings_leave_rows_unchanged(logits):
-    batch = SamplingBatch.build(
+    batch = build_batch(
         [SamplingParams(top_k=3, top_p=0.5, min_p=0.3, repetition_penalty=1.5, presence_penalty=1.0)]
         + [SamplingParams()] * (B - 1),
         [[1, 2]] * B, [[3]] * B, [None] * B, V, TEST_DEVICE,

@@ -17,6 +17,7 @@ from server.sampling.processors import (
     apply_top_p,
 )
 from server.sampling.sampler import process_logits, sample
+from server.sampling.table import build_batch
 from tests.conftest import TEST_DEVICE
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -69,7 +70,7 @@ def batches(draw) -> tuple[torch.Tensor, SamplingBatch]:
     rows = [draw(row_settings(vocab)) for _ in range(num_rows)]
     params, prompts, outputs = (list(column) for column in zip(*rows))
     eos = draw(st.lists(st.integers(0, vocab - 1), max_size=1))
-    batch = SamplingBatch.build(params, prompts, outputs, [None] * num_rows, vocab, TEST_DEVICE, eos_token_ids=eos)
+    batch = build_batch(params, prompts, outputs, [None] * num_rows, vocab, TEST_DEVICE, eos_token_ids=eos)
     return logits, batch
 
 

@@ -1,10 +1,11 @@
 import pytest
 import torch
 
-from server.sampling.batch import SamplingBatch, new_generator
+from server.sampling.batch import new_generator
 from server.sampling.params import SamplingParams
 from server.sampling.processors import apply_top_k, apply_top_p
 from server.sampling.sampler import process_logits, prompt_logprobs, sample
+from server.sampling.table import build_batch
 from tests.conftest import TEST_DEVICE
 
 NEG_INF = float("-inf")
@@ -12,7 +13,7 @@ NEG_INF = float("-inf")
 
 def build(params, vocab, prompts=None, outputs=None, generators=None, eos_token_ids=()):
     rows = len(params)
-    return SamplingBatch.build(
+    return build_batch(
         params,
         prompts if prompts is not None else [[0]] * rows,
         outputs if outputs is not None else [[]] * rows,

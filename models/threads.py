@@ -1,4 +1,5 @@
-"""Pick torch's CPU thread count from measured step times, and keep re-picking it.
+"""Pick torch's CPU thread count from measured step times, and keep re-picking it: for training steps
+and for an engine's steps on the CPU alike.
 
 On a machine shared with other jobs the best count changes during a run: with every core free,
 using all of them wins (~1.7x on 2 cores); with another process on a core, OpenMP's barriers wait
@@ -7,8 +8,17 @@ few probe steps and the fastest (median step time) is kept, until `retune_every`
 steps turn `slowdown` times slower than the winner's probes (someone else started work).
 """
 
+import os
 import statistics
 from collections import Counter
+
+
+def available_cores() -> int:
+    """Cores this process may run on (affinity/cgroup-aware where the OS tells us), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
 
 
 class ThreadTuner:
