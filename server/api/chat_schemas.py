@@ -12,7 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .openai_schemas import StreamOptions, VLLMExtensions
+from server.hosting import HostedModel
+from server.sampling import SamplingParams
+
+from .openai_schemas import OpenAISampling, StreamOptions
 
 
 class ContentPart(BaseModel):
@@ -42,24 +45,23 @@ class ChatTemplateOptions(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class ChatCompletionRequest(ChatTemplateOptions, VLLMExtensions):
+class ChatCompletionRequest(ChatTemplateOptions, OpenAISampling):
     model: str | None = None
     max_tokens: int | None = None  # None: what the context leaves, or the checkpoint's max_new_tokens
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
     user: str | None = None
     # Not supported: refused when given, never silently ignored.
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
+
+    def to_sampling_params(self, hosted: HostedModel, max_tokens: int) -> SamplingParams:
+        """Beam search answers all n beams."""
+        return self.sampling_params(
+            hosted, n=self.n, beam_width=self.n if self.use_beam_search else 1, max_tokens=max_tokens,
+            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+        )

@@ -11,6 +11,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.hosting import HostedModel
+from server.sampling import SamplingParams
+
+from .validation import build_params
+
 
 class GenerateParameters(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
@@ -38,6 +43,34 @@ class GenerateParameters(BaseModel):
     num_beams: int = 1
     length_penalty: float = 1.0
     early_stopping: bool | Literal["never"] = False
+
+    @property
+    def is_sampling(self) -> bool:
+        """TGI: any sampling setting turns sampling on, whatever do_sample says."""
+        return self.do_sample or any(v is not None for v in (self.temperature, self.top_k, self.top_p))
+
+    @property
+    def num_sequences(self) -> int:
+        """Sampled sequences, of which the most likely is answered."""
+        return 1 if self.best_of is None else self.best_of
+
+    def to_sampling_params(self, hosted: HostedModel, max_new_tokens: int, seed: int | None,
+                           stream: bool) -> SamplingParams:
+        """`seed`: the request's, or the one the server picked for it, when sampling."""
+        beam = self.num_beams > 1
+        return build_params(
+            hosted, n=self.num_sequences, max_tokens=max_new_tokens,
+            # Left out (None): the checkpoint's recommendation, when sampling; TGI stays greedy unless asked to sample.
+            temperature=self.temperature if self.is_sampling else 0.0, top_k=self.top_k, top_p=self.top_p,
+            repetition_penalty=self.repetition_penalty,
+            frequency_penalty=0.0 if self.frequency_penalty is None else self.frequency_penalty,
+            seed=seed, stop=list(self.stop),
+            # Streamed tokens always carry their logprob.
+            logprobs=(self.top_n_tokens or 0) if self.details or self.decoder_input_details or stream else None,
+            prompt_logprobs=0 if self.decoder_input_details else None,
+            use_beam_search=beam, beam_width=self.num_beams if beam else 1,
+            length_penalty=self.length_penalty, early_stopping=self.early_stopping,
+        )
 
 
 class GenerateRequest(BaseModel):
