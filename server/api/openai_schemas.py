@@ -2,30 +2,33 @@
 sampling settings it shares with chat, mapped to SamplingParams once for both.
 
 A setting the client leaves out is None here: the checkpoint's recommendation or Quill's default
-fills it (server/api/sampling_defaults.py).
+fills it (server/api/sampling_defaults.py). A field not declared here is refused (request_schema.py).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from server.config import ServerConfig
 from server.hosting import HostedModel
 from server.sampling import SamplingParams
 
+from .request_schema import RequestSchema
 from .validation import build_params, check_top_k, parse_logit_bias, stop_list, stop_strings
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(RequestSchema):
     include_usage: bool = False
+    # Accepted and ignored: OpenAI pads streamed chunks against length side channels unless this is false;
+    # Quill adds no padding, and padding never changes the text.
+    include_obfuscation: bool | None = None
 
 
-class VLLMExtensions(BaseModel):
+class VLLMExtensions(RequestSchema):
     """vLLM's sampling settings beyond OpenAI's, shared by completions and chat."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
@@ -75,8 +78,6 @@ class OpenAISampling(VLLMExtensions):
 
 
 class CompletionRequest(OpenAISampling):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
     model: str | None = None
     prompt: str | list[str] | list[int] | list[list[int]]
     suffix: str | None = None
@@ -86,7 +87,7 @@ class CompletionRequest(OpenAISampling):
     stream_options: StreamOptions | None = None
     logprobs: int | None = None
     echo: bool = False
-    user: str | None = None
+    user: str | None = None  # accepted and ignored: who asks (OpenAI's abuse monitoring), not what to generate
 
     @property
     def num_sequences(self) -> int:

@@ -1,25 +1,26 @@
 """text-generation-inference /generate request bodies (pydantic: the HTTP edge only).
 
 Field names, types and defaults are TGI's `GenerateParameters`; `num_beams`, `length_penalty`
-and `early_stopping` are Quill's additions (TGI has no beam search). Unknown fields are ignored,
-as TGI's serde does, so newer clients keep working.
+and `early_stopping` are Quill's additions (TGI has no beam search). Unknown fields are refused
+(request_schema.py), where TGI's serde drops them: a misspelled setting would run with its default.
+Every field huggingface_hub's InferenceClient.text_generation sends is declared; those Quill lacks are
+accepted only at their off values (null, false) and refused by name otherwise.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from server.hosting import HostedModel
 from server.sampling import SamplingParams
 
+from .request_schema import RequestSchema
 from .validation import build_params
 
 
-class GenerateParameters(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
+class GenerateParameters(RequestSchema):
     max_new_tokens: int | None = None  # None: as much as the context leaves, capped
     do_sample: bool = False
     temperature: float | None = None
@@ -73,10 +74,8 @@ class GenerateParameters(BaseModel):
         )
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(RequestSchema):
     """POST /generate and /generate_stream."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
 
     inputs: str
     parameters: GenerateParameters = Field(default_factory=GenerateParameters)
