@@ -13,7 +13,7 @@ from models.chat_template import ChatTemplateError
 from server.hosting import HostedModel
 
 from .chat_schemas import ChatMessage, ChatTemplateOptions
-from .errors import APIError
+from .errors import APIError, unrecognized
 from .validation import invalid
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -38,6 +38,8 @@ def _template_message(i: int, message: ChatMessage) -> dict:
             if part.type != "text" or part.text is None:
                 raise invalid(f"messages[{i}].content[{j}] is a {part.type!r} part: only text parts are supported",
                               f"messages.{i}.content.{j}.type")
+            if part.model_extra:  # a text part is its type and text; anything else would be dropped here
+                raise unrecognized([f"messages.{i}.content.{j}.{key}" for key in part.model_extra])
     out = message.model_dump(exclude_none=True)
     if not isinstance(message.content, str):
         out["content"] = [{"type": "text", "text": part.text} for part in message.content]

@@ -34,17 +34,7 @@ from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
 from .token_texts import TokenTexts
 from .tracking import RequestTracker
-from .validation import (
-    build_params,
-    check_beam_width,
-    check_context,
-    check_max_tokens,
-    check_num_samples,
-    check_top_k,
-    invalid,
-    parse_logit_bias,
-    stop_strings,
-)
+from .validation import check_context, check_max_tokens, check_sequences, invalid
 
 router = APIRouter()
 
@@ -95,37 +85,22 @@ def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: Host
         max_tokens, max_param = request.max_completion_tokens, "max_completion_tokens"
     if max_tokens is not None:
         check_max_tokens(config, max_tokens, max_param)
+    check_sequences(config, request.n, "n", request.use_beam_search)
     if request.use_beam_search:
-        check_beam_width(config, request.n, "n")
         for name, clash in (("stop", bool(request.stop)), ("logprobs", request.logprobs)):
             if clash:
                 raise invalid(f"{name} cannot be combined with beam search", name)
-    else:
-        check_num_samples(config, request.n, "n")
     if request.top_logprobs is not None:
         if not request.logprobs:
             raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
         if not 0 <= request.top_logprobs <= MAX_LOGPROBS:
             raise invalid(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {request.top_logprobs}",
                           "top_logprobs")
-    check_top_k(request.top_k)
-    stop = stop_strings(config, request.stop)
-    logit_bias = parse_logit_bias(request.logit_bias)
+    request.check_forms(config)
     prompt = render_chat(hosted, request)
     if max_tokens is None:
         max_tokens = default_max_tokens(hosted, config, len(prompt.ids))
-    params = build_params(
-        hosted, n=request.n, max_tokens=max_tokens, min_tokens=request.min_tokens,
-        temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
-        repetition_penalty=request.repetition_penalty,
-        presence_penalty=request.presence_penalty or 0.0, frequency_penalty=request.frequency_penalty or 0.0,
-        logit_bias=logit_bias, seed=request.seed, stop=stop, stop_token_ids=request.stop_token_ids or [],
-        ignore_eos=request.ignore_eos,
-        logprobs=(request.top_logprobs or 0) if request.logprobs else None,
-        use_beam_search=request.use_beam_search, beam_width=request.n if request.use_beam_search else 1,
-        length_penalty=request.length_penalty, early_stopping=request.early_stopping,
-        skip_special_tokens=request.skip_special_tokens,
-    )
+    params = request.to_sampling_params(hosted, max_tokens)
     check_context(hosted, len(prompt.ids), max_tokens, param=max_param)  # after the settings, as for completions
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return _Plan(hosted, prompt, params, request.logprobs, include_usage)

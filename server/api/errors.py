@@ -81,6 +81,13 @@ def error_response(request: Request, error: APIError) -> JSONResponse:
     )
 
 
+def unrecognized(params: list[str]) -> APIError:
+    """A request field no schema declares, in OpenAI's words for it; `params` are dotted paths."""
+    plural = "s" if len(params) > 1 else ""
+    return APIError(400, f"Unrecognized request argument{plural} supplied: {', '.join(params)}", param=params[0],
+                    reason="invalid_request")
+
+
 def _loc_to_param(loc) -> str | None:
     parts = [str(p) for p in loc if p not in ("body",)]
     return ".".join(parts) or None
@@ -100,6 +107,10 @@ def install_error_handlers(app, on_error=None) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
+        # Unknown fields first: a misspelled one usually explains the others (a "promt" leaves "prompt" missing).
+        unknown = [_loc_to_param(e["loc"]) or '""' for e in exc.errors() if e.get("type") == "extra_forbidden"]
+        if unknown:
+            return answer(request, unrecognized(list(dict.fromkeys(unknown))))
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         param = _loc_to_param(first.get("loc", ()))
         if first.get("type") == "json_invalid":

@@ -18,18 +18,7 @@ from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
 from .token_texts import TokenTexts
 from .tracking import RequestTracker
-from .validation import (
-    build_params,
-    check_beam_width,
-    check_context,
-    check_max_tokens,
-    check_num_samples,
-    check_top_k,
-    encode_prompt,
-    invalid,
-    parse_logit_bias,
-    stop_strings,
-)
+from .validation import check_context, check_max_tokens, check_sequences, encode_prompt, invalid
 
 router = APIRouter()
 
@@ -52,20 +41,15 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
         raise invalid("suffix is not supported", "suffix")
     if request.max_tokens is not None:
         check_max_tokens(config, request.max_tokens, "max_tokens")
-    best_of = request.best_of if request.best_of is not None else request.n
+    best_of = request.num_sequences
     if request.n < 1 or best_of < request.n:
         raise invalid(f"n must be >= 1 and best_of >= n, got n={request.n}, best_of={best_of}", "n")
-    if request.use_beam_search:
-        check_beam_width(config, best_of, "best_of")
-    else:
-        check_num_samples(config, best_of, "best_of")
+    check_sequences(config, best_of, "best_of", request.use_beam_search)
     if request.stream and best_of > request.n and not request.use_beam_search:
         raise invalid("best_of > n cannot be streamed", "best_of")
     if request.use_beam_search and request.stop:
         raise invalid("stop strings are not supported with beam search", "stop")
-    check_top_k(request.top_k)
-    stop = stop_strings(config, request.stop)
-    logit_bias = parse_logit_bias(request.logit_bias)
+    request.check_forms(config)
     prompts = []
     for prompt in _prompts(request):
         ids = encode_prompt(hosted, prompt)
@@ -74,20 +58,7 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
     max_tokens = request.max_tokens
     if max_tokens is None:
         max_tokens = default_max_tokens(hosted, config, max(len(ids) for ids, _ in prompts), DEFAULT_MAX_TOKENS)
-    params = build_params(
-        hosted,
-        n=best_of if not request.use_beam_search else request.n,
-        max_tokens=max_tokens, min_tokens=request.min_tokens,
-        temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
-        repetition_penalty=request.repetition_penalty,
-        presence_penalty=request.presence_penalty or 0.0, frequency_penalty=request.frequency_penalty or 0.0,
-        logit_bias=logit_bias, seed=request.seed, stop=stop, stop_token_ids=request.stop_token_ids or [],
-        ignore_eos=request.ignore_eos, logprobs=request.logprobs,
-        prompt_logprobs=request.logprobs if request.echo and request.logprobs is not None else None,
-        use_beam_search=request.use_beam_search, beam_width=best_of if request.use_beam_search else 1,
-        length_penalty=request.length_penalty, early_stopping=request.early_stopping,
-        skip_special_tokens=request.skip_special_tokens,
-    )
+    params = request.to_sampling_params(hosted, max_tokens)
     for ids, _ in prompts:  # after the settings: a bad setting is named even when the context is also short
         check_context(hosted, len(ids), max_tokens)
     return params, prompts

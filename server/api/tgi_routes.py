@@ -32,7 +32,6 @@ from .sse import SSE_HEADERS, sse_event
 from .tgi_schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
 from .tracking import RequestTracker
 from .validation import (
-    build_params,
     check_beam_width,
     check_context,
     check_max_tokens,
@@ -113,27 +112,26 @@ def _check_ranges(p: GenerateParameters, config: ServerConfig, stream: bool) -> 
     check_beam_width(config, p.num_beams, "num_beams")
 
 
-def _check_best_of(p: GenerateParameters, config: ServerConfig, sampling: bool, stream: bool) -> int:
-    best_of = 1 if p.best_of is None else p.best_of
+def _check_best_of(p: GenerateParameters, config: ServerConfig, stream: bool) -> None:
+    best_of = p.num_sequences
     check_num_samples(config, best_of, "best_of")
     if best_of > 1:
-        if not sampling:
+        if not p.is_sampling:
             raise invalid("best_of > 1 needs sampling: set do_sample, temperature, top_k or top_p", "best_of")
         if p.seed is not None:
             raise invalid("seed cannot be set when best_of > 1", "seed")
         if stream:
             raise invalid("best_of != 1 is not supported when streaming tokens", "best_of")
-    return best_of
 
 
-def _check_beams(p: GenerateParameters, sampling: bool, best_of: int) -> None:
+def _check_beams(p: GenerateParameters) -> None:
     """Beam search is Quill's addition; it ranks raw log-probabilities and knows no stop strings."""
     if p.num_beams == 1:
         if p.length_penalty != 1.0 or p.early_stopping is not False:
             raise invalid("length_penalty and early_stopping need beam search (num_beams > 1)", "num_beams")
         return
-    clashes = {"do_sample/temperature/top_k/top_p": sampling, "best_of": best_of > 1, "stop": bool(p.stop),
-               "top_n_tokens": bool(p.top_n_tokens),
+    clashes = {"do_sample/temperature/top_k/top_p": p.is_sampling, "best_of": p.num_sequences > 1,
+               "stop": bool(p.stop), "top_n_tokens": bool(p.top_n_tokens),
                "repetition_penalty": p.repetition_penalty not in (None, 1.0),
                "frequency_penalty": p.frequency_penalty not in (None, 0.0)}
     for name, clash in clashes.items():
@@ -148,10 +146,8 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
     if not request.inputs:
         raise invalid("inputs cannot be empty", "inputs")
     _check_ranges(p, config, stream)
-    # TGI: any sampling setting turns sampling on, whatever do_sample says.
-    sampling = p.do_sample or any(v is not None for v in (p.temperature, p.top_k, p.top_p))
-    best_of = _check_best_of(p, config, sampling, stream)
-    _check_beams(p, sampling, best_of)
+    _check_best_of(p, config, stream)
+    _check_beams(p)
     prompt_ids = encode_prompt(hosted, request.inputs, param="inputs")
     if p.truncate is not None:
         if not 1 <= p.truncate <= hosted.max_model_len:
@@ -162,25 +158,11 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
         max_new_tokens = min(default_max_tokens(hosted, config, len(prompt_ids)), DEFAULT_MAX_NEW_TOKENS)
     check_context(hosted, len(prompt_ids), max_new_tokens, param="max_new_tokens")
     seed = None
-    if sampling:
+    if p.is_sampling:
         seed = p.seed if p.seed is not None else random.getrandbits(SEED_BITS)
-    details = p.details or p.decoder_input_details
-    top_n = p.top_n_tokens or 0
-    beam = p.num_beams > 1
-    params = build_params(
-        hosted, n=best_of, max_tokens=max_new_tokens,
-        # Left out (None): the checkpoint's recommendation, when sampling; TGI stays greedy unless asked to sample.
-        temperature=p.temperature if sampling else 0.0, top_k=p.top_k, top_p=p.top_p,
-        repetition_penalty=p.repetition_penalty,
-        frequency_penalty=0.0 if p.frequency_penalty is None else p.frequency_penalty,
-        seed=seed, stop=list(p.stop),
-        logprobs=top_n if details or stream else None,  # streamed tokens always carry their logprob
-        prompt_logprobs=0 if p.decoder_input_details else None,
-        use_beam_search=beam, beam_width=p.num_beams if beam else 1,
-        length_penalty=p.length_penalty, early_stopping=p.early_stopping,
-    )
-    return _Plan(hosted, request.inputs, prompt_ids, params, seed, details, p.decoder_input_details, top_n,
-                 bool(p.return_full_text))
+    params = p.to_sampling_params(hosted, max_new_tokens, seed, stream)
+    return _Plan(hosted, request.inputs, prompt_ids, params, seed, p.details or p.decoder_input_details,
+                 p.decoder_input_details, p.top_n_tokens or 0, bool(p.return_full_text))
 
 
 def _start(request: GenerateRequest, http: Request, stream: bool) -> tuple[_Plan, RequestStream, RequestTracker]:

@@ -1,20 +1,26 @@
 """text-generation-inference /generate request bodies (pydantic: the HTTP edge only).
 
 Field names, types and defaults are TGI's `GenerateParameters`; `num_beams`, `length_penalty`
-and `early_stopping` are Quill's additions (TGI has no beam search). Unknown fields are ignored,
-as TGI's serde does, so newer clients keep working.
+and `early_stopping` are Quill's additions (TGI has no beam search). Unknown fields are refused
+(request_schema.py), where TGI's serde drops them: a misspelled setting would run with its default.
+Every field huggingface_hub's InferenceClient.text_generation sends is declared; those Quill lacks are
+accepted only at their off values (null, false) and refused by name otherwise.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from server.hosting import HostedModel
+from server.sampling import SamplingParams
+
+from .request_schema import RequestSchema
+from .validation import build_params
 
 
-class GenerateParameters(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
+class GenerateParameters(RequestSchema):
     max_new_tokens: int | None = None  # None: as much as the context leaves, capped
     do_sample: bool = False
     temperature: float | None = None
@@ -39,11 +45,37 @@ class GenerateParameters(BaseModel):
     length_penalty: float = 1.0
     early_stopping: bool | Literal["never"] = False
 
+    @property
+    def is_sampling(self) -> bool:
+        """TGI: any sampling setting turns sampling on, whatever do_sample says."""
+        return self.do_sample or any(v is not None for v in (self.temperature, self.top_k, self.top_p))
 
-class GenerateRequest(BaseModel):
+    @property
+    def num_sequences(self) -> int:
+        """Sampled sequences, of which the most likely is answered."""
+        return 1 if self.best_of is None else self.best_of
+
+    def to_sampling_params(self, hosted: HostedModel, max_new_tokens: int, seed: int | None,
+                           stream: bool) -> SamplingParams:
+        """`seed`: the request's, or the one the server picked for it, when sampling."""
+        beam = self.num_beams > 1
+        return build_params(
+            hosted, n=self.num_sequences, max_tokens=max_new_tokens,
+            # Left out (None): the checkpoint's recommendation, when sampling; TGI stays greedy unless asked to sample.
+            temperature=self.temperature if self.is_sampling else 0.0, top_k=self.top_k, top_p=self.top_p,
+            repetition_penalty=self.repetition_penalty,
+            frequency_penalty=0.0 if self.frequency_penalty is None else self.frequency_penalty,
+            seed=seed, stop=list(self.stop),
+            # Streamed tokens always carry their logprob.
+            logprobs=(self.top_n_tokens or 0) if self.details or self.decoder_input_details or stream else None,
+            prompt_logprobs=0 if self.decoder_input_details else None,
+            use_beam_search=beam, beam_width=self.num_beams if beam else 1,
+            length_penalty=self.length_penalty, early_stopping=self.early_stopping,
+        )
+
+
+class GenerateRequest(RequestSchema):
     """POST /generate and /generate_stream."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
 
     inputs: str
     parameters: GenerateParameters = Field(default_factory=GenerateParameters)

@@ -13,7 +13,7 @@ from server.hosting import HostedModel
 from .chat_prompt import render_chat
 from .errors import OPENAI_ERROR_RESPONSES
 from .generation import resolve_model
-from .tokenize_schemas import DetokenizeRequest, TokenizeChatRequest, TokenizeTextRequest
+from .tokenize_schemas import DetokenizeRequest, TokenizeChatRequest, TokenizeRequest
 from .validation import check_token_ids, invalid
 
 router = APIRouter()
@@ -25,7 +25,7 @@ def _tokens(hosted: HostedModel, ids: list[int], return_token_strs: bool) -> dic
 
 
 @router.post("/tokenize", responses=OPENAI_ERROR_RESPONSES)
-async def tokenize(request: TokenizeChatRequest | TokenizeTextRequest, http: Request):
+async def tokenize(request: TokenizeRequest, http: Request):
     hosted = resolve_model(http, request.model)
     if isinstance(request, TokenizeChatRequest):
         ids = render_chat(hosted, request, add_special_tokens=request.add_special_tokens).ids

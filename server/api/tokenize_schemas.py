@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated, Any, Union
+
+from pydantic import PlainValidator
 
 from .chat_schemas import ChatTemplateOptions
+from .request_schema import RequestSchema
 
 
-class TokenizeTextRequest(BaseModel):
+class TokenizeTextRequest(RequestSchema):
     """POST /tokenize with a prompt (vLLM)."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     prompt: str
@@ -26,8 +27,19 @@ class TokenizeChatRequest(ChatTemplateOptions):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+def _tokenize_request(body: Any) -> TokenizeChatRequest | TokenizeTextRequest:
+    """A body with messages is a chat body, any other a prompt body; read as that kind only, so an error
+    names the body's own fields (tried as either, a prompt body would also fail as a chat body)."""
+    chat = isinstance(body, dict) and "messages" in body
+    return (TokenizeChatRequest if chat else TokenizeTextRequest).model_validate(body)
 
+
+TokenizeRequest = Annotated[
+    Union[TokenizeChatRequest, TokenizeTextRequest],
+    PlainValidator(_tokenize_request, json_schema_input_type=Union[TokenizeChatRequest, TokenizeTextRequest]),
+]
+
+
+class DetokenizeRequest(RequestSchema):
     model: str | None = None
     tokens: list[int]

@@ -38,6 +38,14 @@ def check_beam_width(config: ServerConfig, beam_width: int, param: str) -> None:
                       param)
 
 
+def check_sequences(config: ServerConfig, count: int, param: str, beam_search: bool) -> None:
+    """n or best_of: a beam width under beam search, else how many sequences are sampled."""
+    if beam_search:
+        check_beam_width(config, count, param)
+    else:
+        check_num_samples(config, count, param)
+
+
 def check_stop(config: ServerConfig, stop: list[str], param: str = "stop") -> None:
     """Stop strings are searched in every sequence at every step: their number and length are bounded."""
     if len(stop) > config.max_stop_strings:
@@ -46,9 +54,14 @@ def check_stop(config: ServerConfig, stop: list[str], param: str = "stop") -> No
         raise invalid(f"stop sequences must have 1 to {config.max_stop_string_chars} characters", param)
 
 
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    """OpenAI's `stop`: one string or a list."""
+    return [stop] if isinstance(stop, str) else list(stop or [])
+
+
 def stop_strings(config: ServerConfig, stop: str | list[str] | None, param: str = "stop") -> list[str]:
-    """OpenAI's `stop`: one string or a list, checked against the server's bounds."""
-    strings = [stop] if isinstance(stop, str) else list(stop or [])
+    """OpenAI's `stop`, checked against the server's bounds."""
+    strings = stop_list(stop)
     check_stop(config, strings, param)
     return strings
 

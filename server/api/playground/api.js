@@ -161,8 +161,12 @@ export const ROUTES = {
     path: "v1/chat/completions",
     pieces: chatPieces,
     body(model, messages, settings, alternatives) {
-      const body = {model, messages, ...settings, stream: true, stream_options: {include_usage: true}};
-      if (alternatives !== null) {
+      // The page's beam width is completions' best_of; chat has no best_of (the server refuses it): its
+      // beam width is n, and every beam is answered. Nor does it give log-probabilities with beam search.
+      const {best_of: beams, ...rest} = settings;
+      const body = {model, messages, ...rest, stream: true, stream_options: {include_usage: true}};
+      if (beams !== undefined) body.n = beams;
+      if (alternatives !== null && !body.use_beam_search) {
         body.logprobs = true;
         body.top_logprobs = alternatives;
       }

@@ -203,6 +203,11 @@ BAD_REQUESTS = [
     (dict(messages=[{"role": "user", "content": "hi"}], temperature=-1), "temperature", None),
     (dict(messages=[{"role": "user", "content": "hi"}], use_beam_search=True, logprobs=True), "logprobs", None),
     (dict(model="tiny", messages=[{"role": "user", "content": "hi"}]), "model", "has no chat template"),
+    (dict(messages=[{"role": "user", "content": "hi"}], max_tokns=5), "max_tokns", "Unrecognized request argument"),
+    (dict(messages=[{"role": "user", "content": "hi", "nmae": "Horatio"}]), "messages.0.nmae", "Unrecognized"),
+    (dict(messages=[{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {}}]}]),
+     "messages.0.content.0.cache_control", "Unrecognized request argument supplied"),
+    (dict(messages=[{"role": "user", "content": "hi"}], functions=[{"name": "f"}]), "functions", "Unrecognized"),
 ]
 
 
@@ -217,6 +222,33 @@ async def test_bad_requests_get_400_in_openai_shape_before_any_byte(client, body
     assert error["param"] == param or (words is None and error["param"].startswith(param))  # schema: + union member
     if words:
         assert words in error["message"]
+
+
+# What clients send that changes nothing generated: who asks, how to bill, store or cache, tool-call shaping.
+ACCEPTED_AND_IGNORED = dict(
+    user="u-1", safety_identifier="s-1", metadata={"team": "stage"}, store=False, service_tier="auto",
+    prompt_cache_key="hamlet", prompt_cache_retention="24h", prompt_cache_options={"mode": "implicit"},
+    parallel_tool_calls=False, tool_prompt="Tools:", tool_choice="none", response_format={"type": "text"},
+)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+async def test_fields_that_change_nothing_generated_are_accepted_and_ignored(client, stream):
+    messages = CHATS["system and history"]
+    # An answer's message sent back whole, as a client that keeps the conversation may.
+    whole = [*messages[:2], {**messages[2], "refusal": None, "annotations": [], "audio": None,
+                             "function_call": None, "tool_calls": None}, messages[3]]
+    plain = await chat(client, messages=messages, max_tokens=6, temperature=0, stream=stream)
+    ignored = await chat(client, messages=whole, max_tokens=6, temperature=0, stream=stream,
+                         stream_options={"include_usage": True, "include_obfuscation": False} if stream else None,
+                         **ACCEPTED_AND_IGNORED)
+    assert ignored.status_code == 200, ignored.text
+    if stream:
+        def text(r):
+            return "".join(e["choices"][0]["delta"]["content"] for e in sse_events(r.text)[:-1] if e["choices"])
+        assert text(ignored) == text(plain)
+    else:
+        assert ignored.json()["choices"] == plain.json()["choices"] and ignored.json()["usage"] == plain.json()["usage"]
 
 
 async def test_a_template_that_refuses_the_messages_is_a_400_with_its_words(app, client):

@@ -1,7 +1,8 @@
 """Real chat clients against a real `quill serve` hosting a tiny hub checkpoint by id, offline: the
 official openai client (plain, streamed, with logprobs) and huggingface_hub's InferenceClient
 (chat_completion plain and streamed, get_endpoint_info), which sends the placeholder model
-"dummy" and reads TGI's Messages API. Greedy replies are transformers' on the template's ids.
+"dummy" and reads TGI's Messages API. Greedy replies are transformers' on the template's ids. Every
+argument either client takes that Quill supports is accepted; an unknown one is named back.
 Nothing leaves 127.0.0.1."""
 
 from __future__ import annotations
@@ -70,6 +71,46 @@ def test_openai_client_sees_bad_messages_before_the_stream(oai):
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError, match="role"):
             oai.chat.completions.create(model=LLAMA, messages=[{"role": "wizard", "content": "hi"}], stream=stream)
+
+
+def test_openai_chat_with_every_argument_quill_takes(oai):
+    """Each argument of chat.completions.create off its default but those needing what Quill lacks (tools,
+    audio, functions, ...), none in extra_body: the bookkeeping ones are accepted and ignored."""
+    options = dict(model=LLAMA, messages=MESSAGES, max_tokens=10, max_completion_tokens=4, temperature=0.8,
+                   top_p=0.9, n=2, seed=3, stop=["\n\n"], presence_penalty=0.5, frequency_penalty=0.5,
+                   logit_bias={"5": -1}, logprobs=True, top_logprobs=2, response_format={"type": "text"},
+                   tool_choice="none", parallel_tool_calls=False, user="u-1", safety_identifier="s-1",
+                   metadata={"team": "stage"}, store=False, service_tier="auto", prompt_cache_key="hamlet",
+                   prompt_cache_retention="24h", prompt_cache_options={"mode": "implicit"})
+    done = oai.chat.completions.create(**options)
+    assert len(done.choices) == 2 and done.usage.completion_tokens <= 8
+    chunks = list(oai.chat.completions.create(stream=True, stream_options={"include_usage": True,
+                                                                           "include_obfuscation": False}, **options))
+    assert chunks[-1].usage.completion_tokens <= 8 and {c.choices[0].index for c in chunks if c.choices} == {0, 1}
+
+
+def test_openai_client_hears_which_argument_is_unknown(oai):
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.chat.completions.create(model=LLAMA, messages=MESSAGES, extra_body={"max_tokns": 5})
+    assert info.value.param == "max_tokns" and "Unrecognized request argument" in info.value.message
+
+
+def test_inference_client_chat_completion_with_every_argument_quill_takes(hf):
+    """Each argument of chat_completion off its default but tools, response_format (grammars Quill lacks) and
+    logit_bias (TGI's list form, which Quill does not read)."""
+    options = dict(max_tokens=4, temperature=0.8, top_p=0.9, n=2, seed=3, stop=["\n\n"], presence_penalty=0.5,
+                   frequency_penalty=0.5, logprobs=True, top_logprobs=2, tool_choice="none", tool_prompt="Tools:")
+    done = hf.chat_completion(MESSAGES, **options)
+    assert len(done.choices) == 2 and done.usage.completion_tokens <= 8
+    chunks = list(hf.chat_completion(MESSAGES, stream=True, stream_options={"include_usage": True}, **options))
+    assert chunks[-1].usage.completion_tokens <= 8 and {c.choices[0].index for c in chunks if c.choices} == {0, 1}
+
+
+def test_inference_client_hears_which_argument_is_unknown(hf):
+    with pytest.raises(HfHubHTTPError) as info:
+        hf.chat_completion(MESSAGES, extra_body={"max_tokns": 5})
+    assert info.value.response.status_code == 400
+    assert info.value.response.json()["error"]["message"] == "Unrecognized request argument supplied: max_tokns"
 
 
 def test_inference_client_chat_completion(hf, expected):

@@ -60,6 +60,22 @@ def test_sampling_with_a_seed_reproduces(hf):
     assert a.generated_text == b.generated_text and a.details.seed == 11
 
 
-def test_validation_errors_reach_the_client_typed(hf):
-    with pytest.raises(ValidationError, match="typical_p"):
-        hf.text_generation(PROMPT, max_new_tokens=MAX_NEW_TOKENS, typical_p=0.5)
+def test_every_argument_quill_takes(hf):
+    """Each argument of text_generation off its default, but those Quill lacks (next test)."""
+    sampled = dict(max_new_tokens=MAX_NEW_TOKENS, do_sample=True, temperature=0.8, top_k=20, top_p=0.9,
+                   repetition_penalty=1.2, frequency_penalty=0.5, stop=["\n\n"], truncate=3, details=True)
+    out = hf.text_generation(PROMPT, seed=5, return_full_text=True, top_n_tokens=2, decoder_input_details=True,
+                             **sampled)
+    assert out.generated_text.startswith(PROMPT) and out.details.seed == 5 and len(out.details.prefill) == 3
+    assert all(len(top) == 2 for top in out.details.top_tokens)
+    best = hf.text_generation(PROMPT, best_of=2, **sampled)
+    assert len(best.details.best_of_sequences) == 1
+    streamed = list(hf.text_generation(PROMPT, stream=True, seed=5, top_n_tokens=2, **sampled))
+    assert streamed[-1].details.seed == 5
+
+
+@pytest.mark.parametrize("lacking", [dict(typical_p=0.5), dict(watermark=True), dict(adapter_id="lora"),
+                                     dict(grammar={"type": "regex", "value": "a+"})], ids=lambda d: next(iter(d)))
+def test_validation_errors_reach_the_client_typed(hf, lacking):
+    with pytest.raises(ValidationError, match=next(iter(lacking))):
+        hf.text_generation(PROMPT, max_new_tokens=MAX_NEW_TOKENS, **lacking)

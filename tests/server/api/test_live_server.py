@@ -64,6 +64,27 @@ def test_openai_client_sees_errors(live_server):
         client.completions.create(model="nope", prompt="x", max_tokens=5)
 
 
+def test_openai_client_completions_with_every_argument_quill_takes(live_server):
+    """Each argument of completions.create off its default but suffix (refused: Quill has no insertion), none in
+    extra_body: whatever the client puts in the body is a field the route knows."""
+    client = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key="unused", max_retries=0)
+    options = dict(model="tiny-transformer", prompt=["To be", "or not"], max_tokens=4, temperature=0.8, top_p=0.9,
+                   n=2, logprobs=2, echo=True, stop=["\n\n"], seed=3, presence_penalty=0.5, frequency_penalty=0.5,
+                   logit_bias={"5": -1}, user="u-1")
+    done = client.completions.create(best_of=3, **options)
+    assert len(done.choices) == 4 and all(c.logprobs.tokens for c in done.choices)
+    chunks = list(client.completions.create(best_of=2, stream=True, stream_options={"include_usage": True}, **options))
+    assert chunks[-1].usage.completion_tokens > 0 and {c.choices[0].index for c in chunks if c.choices} == {0, 1, 2, 3}
+
+
+def test_openai_client_hears_which_argument_is_unknown(live_server):
+    client = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny-lstm", prompt="x", extra_body={"max_tokns": 5})
+    assert info.value.param == "max_tokns" and info.value.type == "invalid_request_error"
+    assert "Unrecognized request argument supplied: max_tokns" in info.value.message
+
+
 def test_dropped_streams_free_their_cache(live_server):
     for model in ("tiny-transformer", "tiny-lstm"):
         for _ in range(3):

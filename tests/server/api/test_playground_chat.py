@@ -69,3 +69,27 @@ def test_a_chat_model_streams_its_reply_through_the_chat_route(page, server):
 def test_a_model_without_a_template_offers_a_prompt_only(page):
     page.choose_model("tiny-lstm")
     assert not shown(page, "kind-switch") and not shown(page, "chat-box") and shown(page, "prompt-box")
+
+
+def test_a_beam_pane_asks_the_chat_route_for_its_beams(page, server):
+    """The page's beam width is completions' best_of; the chat route, which refuses best_of, gets it as n
+    (every beam answered) and, as it gives none with beam search, is not asked for log-probabilities."""
+    page.choose_model("tiny-transformer")
+    for remove in page.driver.find_elements("css selector", "#messages .remove"):
+        remove.click()
+    page.element("add-message").click()
+    page.driver.find_element("css selector", "#messages textarea").send_keys(QUESTION)
+    page.set_mode("compare")
+    page.fill("max_tokens", 6)
+    page.fill("alternatives", 2)
+    page.set_panes({"temperature": 0}, {"use_beam_search": True, "best_of": 2, "temperature": 0})
+    page.run()
+    page.wait_idle()
+    greedy, beams = page.cards()
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "model": "tiny-transformer", "messages": [{"role": "user", "content": QUESTION}],
+        "max_tokens": 6, "use_beam_search": True, "n": 2, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert greedy["state"] == "done" and greedy["error"] is None, greedy
+    assert beams["state"] == "done" and beams["error"] is None, beams
+    assert beams["texts"] == [c["message"]["content"] for c in r.json()["choices"]]
