@@ -4,8 +4,8 @@
 event loop per step; a stream belongs to the event loop that submitted its request. Where the core
 runs is a subclass's business: on a thread of this process (`AsyncEngine`) or in a process of its
 own (`ProcessEngine`). A `RequestStream` keeps the outputs delivered and not yet read in a plain
-list and joins those of several steps into one, so a slow reader costs one write per turn of its
-event loop rather than one per token, and a step's output costs its stream one append.
+list and joins those of several steps into one (`merge_outputs`), so a slow reader costs one write per
+turn of its event loop rather than one per token, and a step's output costs its stream one append.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import asyncio
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
-from functools import reduce
 
 from .core import EngineConfig, EngineStats
 from .outputs import RequestOutput, merge_outputs
@@ -58,10 +57,6 @@ class EngineFrontend(ABC):
 
     @abstractmethod
     def _send_abort(self, request_id: str) -> None: ...
-
-    def _join(self, items: list) -> RequestOutput:
-        """One output from a request's consecutive deliveries, in the form the subclass delivers them."""
-        return reduce(merge_outputs, items)
 
     # ---- requests ------------------------------------------------------------------
 
@@ -131,7 +126,7 @@ class RequestStream:
         self.engine = engine
         self.request_id = request_id
         self.loop = loop  # the event loop that reads this stream; outputs are pushed on it
-        self._pending: list = []  # delivered, not yet read: outputs (in the engine's form), an error perhaps last
+        self._pending: list = []  # delivered, not yet read: RequestOutputs, an error perhaps last
         self._waiter: asyncio.Future | None = None  # set while the reader waits for a delivery
         self.finished = False
 
@@ -160,7 +155,7 @@ class RequestStream:
         count = 1
         while count < len(pending) and not isinstance(pending[count], BaseException):
             count += 1
-        out = self.engine._join(pending[:count])
+        out = merge_outputs(pending[:count])
         del pending[:count]
         if out.finished:
             self._end()
