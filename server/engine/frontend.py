@@ -6,6 +6,7 @@ runs is a subclass's business: on a thread of this process (`AsyncEngine`) or in
 own (`ProcessEngine`). A `RequestStream` keeps the outputs delivered and not yet read in a plain
 list and joins those of several steps into one (`merge_outputs`), so a slow reader costs one write per
 turn of its event loop rather than one per token, and a step's output costs its stream one append.
+A route that answers whole asks the stream for its `final` output, merged by the same function.
 """
 
 from __future__ import annotations
@@ -160,6 +161,18 @@ class RequestStream:
         if out.finished:
             self._end()
         return out
+
+    async def final(self, observe: Callable[[RequestOutput], None] | None = None) -> RequestOutput:
+        """The whole output of the request: every output read to the end (the one that is `finished`) and
+        merged; raises what the stream raises. `observe` sees each output as it is read (metrics time them)."""
+        if self.finished:
+            raise RuntimeError(f"the stream of {self.request_id} was already read to its end")
+        outputs = []
+        async for out in self:
+            if observe is not None:
+                observe(out)
+            outputs.append(out)
+        return merge_outputs(outputs)
 
     def _end(self) -> None:
         self.finished = True
