@@ -1,10 +1,11 @@
 """How messages (messages.py) cross the pipes between the API process and the engine process, both ways:
 msgpack in length-prefixed frames.
 
-Pickling 256 `RequestOutput`s as slotted dataclasses took about 2 ms each way on a 2-core CPU, as long as
-the step that made them. As msgspec Structs encoded as arrays (trailing defaults left out) the same step
-encodes and decodes in a tenth of that, straight into the output types: no tuples to build or read back.
-A request's outputs of several steps are joined (`merge_outputs`) only when its stream is read.
+Pickling a step's 256 `RequestOutput`s as slotted dataclasses took about 2 ms each way on a 2-core CPU,
+as long as the step that made them; as tuples of builtins, 0.1 ms to encode and 0.07 ms to decode. As
+msgspec Structs encoded as arrays (trailing defaults left out) they take 0.015 ms to encode and 0.06 ms to
+decode, straight into the output types, with nothing left to build when a stream reads them. A request's
+outputs of several steps are joined (`merge_outputs`) only when its stream is read.
 """
 
 from __future__ import annotations
@@ -27,12 +28,16 @@ class MessageWriter:
         self._encoder = msgspec.msgpack.Encoder()
 
     def send(self, messages: list[Message]) -> None:
+        write_all(self.fd, self.encode(messages))
+
+    def encode(self, messages: list[Message]) -> bytearray:
+        """The messages' frames, one after the other."""
         buffer = bytearray()
         for message in messages:
             start = len(buffer)
             self._encoder.encode_into(message, buffer, start + HEADER_BYTES)  # room left for the header
             buffer[start:start + HEADER_BYTES] = (len(buffer) - start - HEADER_BYTES).to_bytes(HEADER_BYTES, "little")
-        write_all(self.fd, buffer)
+        return buffer
 
 
 class MessageReader:
@@ -44,7 +49,11 @@ class MessageReader:
 
     def read(self) -> list[Message]:
         """Every message that has arrived, waiting for at least one; EOFError once the writer is gone."""
-        return [self._decoder.decode(frame) for frame in self._frames.read()]
+        return [self.decode(frame) for frame in self._frames.read()]
+
+    def decode(self, frame: bytes) -> Message:
+        """One frame's message, of its type (msgspec.ValidationError if it is none of this direction's)."""
+        return self._decoder.decode(frame)
 
     def ready(self, timeout: float | None) -> bool:
         return self._frames.ready(timeout)
