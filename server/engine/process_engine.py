@@ -130,16 +130,22 @@ class ProcessEngine(EngineFrontend):
         self._outbox.put(AbortRequest(request_id))
 
     def _write(self) -> None:
-        """The sender thread: whatever has been queued goes down the pipe as one message, in order."""
-        while True:
-            messages = [self._outbox.get()]
-            while not self._outbox.empty():
-                messages.append(self._outbox.get())
-            stop = None in messages
-            if stop:
-                messages = messages[: messages.index(None)] + [Stop()]
-            if not self._send_or_fail(messages) or stop:
-                return
+        """The sender thread: whatever has been queued goes down the pipe in one write, in order."""
+        try:
+            while True:
+                messages = [self._outbox.get()]
+                while not self._outbox.empty():
+                    messages.append(self._outbox.get())
+                stop = None in messages
+                if stop:
+                    messages = messages[: messages.index(None)] + [Stop()]
+                if not self._send_or_fail(messages) or stop:
+                    return
+        except Exception as e:  # a message msgpack cannot encode: with no sender, every request would wait forever
+            log.exception("%s: sending to the engine process failed", self.name)
+            self._fail_all(f"engine process unreachable: {type(e).__name__}: {e}")
+            self._stopping = True  # the engine process is of no use now: it is told to stop
+            self._send_or_fail([Stop()])  # nothing of the failed write was written
 
     def _send_or_fail(self, messages: list[Message]) -> bool:
         try:

@@ -101,6 +101,22 @@ def test_a_full_queue_in_the_engine_process_is_raised_as_queue_full(tiny_checkpo
     assert str(outcomes[1]) == "the queue is full (1 requests waiting)"
 
 
+def test_a_request_that_cannot_be_encoded_fails_the_engine_rather_than_hanging(tiny_checkpoints):
+    engine = ProcessEngine(spec(tiny_checkpoints["tiny-lstm"]))
+    engine.start()
+
+    async def main():
+        stream = engine.submit([1, object()], SamplingParams(max_tokens=2))  # msgpack knows no such token
+        with pytest.raises(EngineDeadError, match="engine process unreachable: TypeError"):
+            await asyncio.wait_for(stream.final(), 10)
+
+    try:
+        asyncio.run(main())
+        assert not engine.is_alive
+    finally:
+        engine.shutdown()
+
+
 def test_a_load_error_is_told_plainly(tmp_path):
     engine = ProcessEngine(spec(str(tmp_path / "missing")))
     with pytest.raises(EngineStartError, match="no such checkpoint directory"):
