@@ -20,14 +20,14 @@ from fastapi.responses import StreamingResponse
 from server import __version__
 from server.config import ServerConfig
 from server.engine.frontend import RequestStream
-from server.engine.outputs import CompletionOutput, TokenLogprob
+from server.engine.outputs import TokenLogprob
 from server.hosting import HostedModel
 from server.sampling import SamplingParams
 from server.sampling.params import MAX_LOGPROBS
 
 from .chat_prompt import ChatPrompt, render_chat
 from .chat_schemas import ChatCompletionRequest
-from .engine_errors import checked
+from .engine_errors import checked, final_output
 from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
 from .generation import resolve_model, submit, until_disconnected
 from .sampling_defaults import default_max_tokens
@@ -146,47 +146,28 @@ def _usage(plan: _Plan, num_generated: int) -> dict:
     return {"prompt_tokens": num_prompt, "completion_tokens": num_generated, "total_tokens": num_prompt + num_generated}
 
 
-@dataclass
-class _Choice:
-    """One generated message, accumulated from the engine's deltas."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-
-    def add(self, c: CompletionOutput) -> None:
-        if c.finish_reason in ("abort", "error"):
-            raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
-        self.text += c.text
-        self.token_ids += c.token_ids
-        self.logprobs += c.logprobs or []
-        self.finish_reason = c.finish_reason or self.finish_reason
-
-
 async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker) -> dict:
-    choices: dict[int, _Choice] = {}
     try:
-        async for out in checked(tracker.follow(stream)):
-            for c in out.outputs:
-                choices.setdefault(c.index, _Choice()).add(c)
+        out = await final_output(stream, tracker.observe)
+        for c in out.outputs:
+            if c.finish_reason in ("abort", "error"):
+                raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
     except APIError as e:
         tracker.done(e.status)
         raise
-    finally:
-        stream.close()
     tracker.done(200)
     logprobs = _Logprobs(plan.hosted, plan.prompt.ids)
+    choices = sorted(out.outputs, key=lambda c: c.index)
     return {
         **plan.envelope("chat.completion"),
         "choices": [
-            {"index": i, "message": {"role": ROLE, "content": c.text},
-             "logprobs": ({"content": logprobs.content(i, c.token_ids, c.logprobs, ends=True)}
+            {"index": c.index, "message": {"role": ROLE, "content": c.text},
+             "logprobs": ({"content": logprobs.content(c.index, c.token_ids, c.logprobs, ends=True)}
                           if plan.logprobs else None),
              "finish_reason": c.finish_reason}
-            for i, c in sorted(choices.items())
+            for c in choices
         ],
-        "usage": _usage(plan, sum(len(c.token_ids) for c in choices.values())),
+        "usage": _usage(plan, sum(len(c.token_ids) for c in choices)),
     }
 
 

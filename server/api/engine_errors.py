@@ -1,15 +1,16 @@
 """The one place where what the engine raises or reports becomes an APIError.
 
 Submitting can meet a full queue (429, retry shortly) or a dead or stopping engine (503); a request's
-stream re-raises what the engine's step thread hit, or ends with an output carrying `error` (500).
+stream re-raises what the engine's step thread hit, or ends with an output carrying `error` (500),
+whether read output by output (`checked`) or whole (`final_output`).
 Routes then handle only APIError: answered as JSON before the first byte, as an error event after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
-from server.engine.frontend import EngineDeadError
+from server.engine.frontend import EngineDeadError, RequestStream
 from server.engine.outputs import RequestOutput
 from server.engine.scheduler import QueueFullError
 
@@ -40,3 +41,17 @@ async def checked(outputs: AsyncGenerator[RequestOutput, None]) -> AsyncIterator
         raise engine_error(e) from None
     finally:
         await outputs.aclose()
+
+
+async def final_output(stream: RequestStream, observe: Callable[[RequestOutput], None] | None = None) -> RequestOutput:
+    """The request's whole output, merged by its stream (`RequestStream.final`), with engine failures raised
+    as APIError. However this ends, the stream is closed (which aborts the request if unfinished)."""
+    try:
+        out = await stream.final(observe)
+    except ENGINE_ERRORS as e:
+        raise engine_error(e) from None
+    finally:
+        stream.close()
+    if out.error:
+        raise APIError(500, out.error, reason="engine_error")
+    return out

@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from server.engine.outputs import TokenLogprob
 
-from .engine_errors import checked
+from .engine_errors import checked, final_output
 from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
 from .generation import loaded_host, resolve_model, submit, until_disconnected
 from .openai_schemas import CompletionRequest
@@ -123,42 +123,30 @@ async def _complete(request, hosted, params, prompts, streams, trackers, complet
     choices, usage_prompt, usage_completion = [], 0, 0
     try:
         for p, ((ids, text), stream, tracker) in enumerate(zip(prompts, streams, trackers)):
-            per_index: dict[int, dict] = {}
-            prompt_entries = None
             try:
-                outputs = [out async for out in checked(tracker.follow(stream))]
+                out = await final_output(stream, tracker.observe)
             except APIError as e:
                 tracker.done(e.status)
                 raise
-            for out in outputs:
-                if out.prompt_logprobs is not None:
-                    prompt_entries = out.prompt_logprobs
-                for c in out.outputs:
-                    acc = per_index.setdefault(c.index, {"text": "", "ids": [], "logprobs": [], "finish": None,
-                                                         "cum": 0.0})
-                    acc["text"] += c.text
-                    acc["ids"] += c.token_ids
-                    acc["logprobs"] += c.logprobs or []
-                    acc["finish"] = c.finish_reason
-                    acc["cum"] = c.score if c.score is not None else c.cumulative_logprob
             tracker.done(200)
             usage_prompt += len(ids)
-            outs = [per_index[i] for i in sorted(per_index)]
-            usage_completion += sum(len(o["ids"]) for o in outs)
+            outs = sorted(out.outputs, key=lambda c: c.index)
+            usage_completion += sum(len(c.token_ids) for c in outs)
             if not params.use_beam_search and len(outs) > request.n:  # best_of: keep the n most likely
-                outs = sorted(outs, key=lambda o: o["cum"], reverse=True)[: request.n]
-            for i, o in enumerate(outs):
-                choice_text = (text if request.echo else "") + o["text"]
+                outs = sorted(outs, key=lambda c: c.score if c.score is not None else c.cumulative_logprob,
+                              reverse=True)[: request.n]
+            for i, c in enumerate(outs):
+                choice_text = (text if request.echo else "") + c.text
                 logprobs = None
                 if request.logprobs is not None:
-                    entries, token_ids = o["logprobs"], o["ids"][: len(o["logprobs"])]
-                    context = ids
+                    entries = c.logprobs or []
+                    token_ids, context = c.token_ids[: len(entries)], ids
                     if request.echo:
-                        entries, token_ids = (prompt_entries or [None] * len(ids)) + entries, ids + token_ids
+                        entries, token_ids = (out.prompt_logprobs or [None] * len(ids)) + entries, ids + token_ids
                         context = ()
                     logprobs = _logprobs_block(TokenTexts(tokenizer, context), entries, token_ids, 0, ends=True)
                 choices.append({"index": p * request.n + i, "text": choice_text, "logprobs": logprobs,
-                                "finish_reason": o["finish"]})
+                                "finish_reason": c.finish_reason})
     finally:
         for s in streams:
             s.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -24,7 +24,7 @@ from server.hosting import HostedModel
 from server.sampling import SamplingParams
 from server.sampling.params import MAX_LOGPROBS
 
-from .engine_errors import checked
+from .engine_errors import checked, final_output
 from .errors import JSON_OR_SSE_RESPONSE, SSE_RESPONSE, TGI_ERROR_RESPONSES, APIError
 from .generation import loaded_host, resolve_model, submit, until_disconnected
 from .sampling_defaults import default_max_tokens
@@ -63,25 +63,8 @@ class _Plan:
     return_full_text: bool
 
 
-@dataclass
-class _Sequence:
-    """One generated sequence, accumulated from the engine's deltas."""
-
-    index: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-    cumulative_logprob: float = 0.0
-
-    def add(self, c: CompletionOutput) -> None:
-        self.token_ids += c.token_ids
-        self.logprobs += c.logprobs or []
-        self.finish_reason = c.finish_reason or self.finish_reason
-        self.cumulative_logprob = c.cumulative_logprob
-
-    @property
-    def mean_logprob(self) -> float:
-        return self.cumulative_logprob / max(len(self.token_ids), 1)
+def _mean_logprob(c: CompletionOutput) -> float:
+    return c.cumulative_logprob / max(len(c.token_ids), 1)
 
 
 def _check_supported(p: GenerateParameters) -> None:
@@ -232,30 +215,25 @@ async def generate(request: GenerateRequest, http: Request):
 
 
 async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker) -> dict:
-    sequences: dict[int, _Sequence] = {}
-    prompt_entries = None
     try:
-        async for out in checked(tracker.follow(stream)):
-            if out.prompt_logprobs is not None:
-                prompt_entries = out.prompt_logprobs
-            for c in out.outputs:
-                if c.finish_reason in ("abort", "error"):
-                    raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
-                sequences.setdefault(c.index, _Sequence(c.index)).add(c)
+        out = await final_output(stream, tracker.observe)
+        for c in out.outputs:
+            if c.finish_reason in ("abort", "error"):
+                raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
     except APIError as e:
         tracker.done(e.status)
         raise
-    if not sequences:
+    if not out.outputs:
         tracker.done(500)
         raise APIError(500, "generation ended without output", reason="engine_error")
     tracker.done(200)
     # TGI's best_of: the highest mean log-probability per token wins; the others go to best_of_sequences.
-    best, *others = sorted(sequences.values(), key=lambda s: s.mean_logprob, reverse=True)
+    best, *others = sorted(out.outputs, key=_mean_logprob, reverse=True)
     prefix = plan.inputs if plan.return_full_text else ""
     tokens = _Tokens(plan.hosted, plan.prompt_ids)
     body = {"generated_text": prefix + tokens.text(best.token_ids)}
     if plan.details:
-        prefill = _prefill(plan, tokens, prompt_entries)
+        prefill = _prefill(plan, tokens, out.prompt_logprobs)
         details = _details(plan, tokens, best, prefill)
         if plan.params.n > 1:
             details["best_of_sequences"] = [
@@ -277,7 +255,7 @@ def _prefill(plan: _Plan, tokens: _Tokens, entries: list[TokenLogprob | None] | 
     return prefill
 
 
-def _details(plan: _Plan, tokens: _Tokens, seq: _Sequence, prefill: list[dict]) -> dict:
+def _details(plan: _Plan, tokens: _Tokens, seq: CompletionOutput, prefill: list[dict]) -> dict:
     decoder = tokens.decoder()
     entries = _padded(seq.logprobs, len(seq.token_ids))
     last = len(seq.token_ids) - 1

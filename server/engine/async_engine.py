@@ -18,6 +18,7 @@ from .core import EngineConfig, EngineCore
 from .core_loop import CoreLoop
 from .cpu_threads import StepThreads
 from .frontend import EngineFrontend
+from .messages import AbortRequest, AddRequest, MessageKind
 
 log = logging.getLogger("quill.engine")
 
@@ -33,7 +34,7 @@ class AsyncEngine(EngineFrontend):
         self.threads = None
         if loaded.device.type == "cpu" and threads is not None:
             self.threads = StepThreads(None if threads == "auto" else threads)
-        self._inbox: deque[tuple] = deque()
+        self._inbox: deque[AddRequest | AbortRequest] = deque()  # what ProcessEngine sends down its pipe, not encoded
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -65,14 +66,14 @@ class AsyncEngine(EngineFrontend):
 
     @property
     def num_pending(self) -> int:
-        return len(self.core.scheduler.waiting) + sum(1 for item in list(self._inbox) if item[0] == "add")
+        return len(self.core.scheduler.waiting) + sum(1 for m in list(self._inbox) if m.kind is MessageKind.ADD)
 
     def _send_add(self, request_id: str, prompt_token_ids: list[int], params) -> None:
-        self._inbox.append(("add", request_id, prompt_token_ids, params))
+        self._inbox.append(AddRequest(request_id, prompt_token_ids, params))
         self._wake.set()
 
     def _send_abort(self, request_id: str) -> None:
-        self._inbox.append(("abort", request_id))
+        self._inbox.append(AbortRequest(request_id))
         self._wake.set()
 
     # ---- the step thread -----------------------------------------------------------
@@ -80,11 +81,11 @@ class AsyncEngine(EngineFrontend):
     def _drain_inbox(self, loop: CoreLoop) -> None:
         refused = []
         while self._inbox:
-            item = self._inbox.popleft()
-            if item[0] == "abort":
-                loop.abort(item[1])
-            elif item[1] in self._streams:  # else its client left before it was queued
-                refused += filter(None, [loop.add(*item[1:])])
+            message = self._inbox.popleft()
+            if message.kind is MessageKind.ABORT:
+                loop.abort(message.request_id)
+            elif message.request_id in self._streams:  # else its client left before it was queued
+                refused += filter(None, [loop.add(message.request_id, message.prompt_token_ids, message.params)])
         self._deliver_all(refused)
 
     def _run(self) -> None:

@@ -9,16 +9,13 @@ step at 256 streams on a 2-core CPU, while the API process is the busier of the 
 it spent 1.3-1.5 s of CPU for every 1 s the engine process spent, benchmarks/server_overhead.py):
 moving the text there would slow the side that already limits throughput.
 
-Down a `Connection`: lists of messages, each ("add", request id, prompt ids, params),
-("abort", request id) or ("stop",).
-Up a pipe of pickled frames (wire.py): ("ready", CoreInfo) or ("failed", message) once, then
-("step", the step's outputs, EngineStats, adds received so far).
+Both pipes carry typed messages (messages.py) in frames (wire.py). Down: AddRequest, AbortRequest,
+Stop. Up: Ready or Failed once, then a StepOutputs per step that ran or applied requests.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
 import signal
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -29,7 +26,8 @@ from models.location import ModelLocation
 from .core import EngineConfig, EngineCore
 from .core_loop import CoreLoop
 from .cpu_threads import StepThreads
-from .wire import encode, write_frame
+from .messages import DOWN, CoreInfo, Failed, MessageKind, Ready, Refusal, StepOutputs
+from .wire import MessageReader, MessageWriter
 
 log = logging.getLogger("quill.engine")
 
@@ -47,62 +45,51 @@ class CoreSpec:
     threads: int | str | None = None
 
 
-@dataclass
-class CoreInfo:
-    """What the API process learns from a loaded core: where it runs and what it reserved."""
-
-    device: str
-    dtype: str
-    cache_bytes: int
-    cache_description: str
-
-
 def run_core_process(conn: Connection, up: Connection, spec: CoreSpec) -> None:
-    """The engine process's main function: requests come on `conn`, frames go up `up`."""
+    """The engine process's main function: requests come on `conn`, outputs go up `up`."""
     # Ctrl-C in a terminal reaches the whole process group: the API process decides when this one stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    writer = MessageWriter(up.fileno())
     try:
         loaded = load_checkpoint(spec.path, name=spec.name, **spec.load_options)
         core = EngineCore(loaded, spec.engine_config)
     except Exception as e:  # CheckpointError, a bad device or dtype, out of memory: all told to the API process
-        _send(up, ("failed", str(e) or type(e).__name__))
+        writer.send([Failed(str(e) or type(e).__name__)])
         return
     threads = None
     if loaded.device.type == "cpu" and spec.threads is not None:
         threads = StepThreads(None if spec.threads == "auto" else spec.threads)
-    _send(up, ("ready", CoreInfo(str(loaded.device), str(loaded.dtype).removeprefix("torch."), core.cache_bytes,
-                                 core.describe_cache())))
+    writer.send([Ready(CoreInfo(str(loaded.device), str(loaded.dtype).removeprefix("torch."), core.cache_bytes,
+                                core.describe_cache()))])
     try:
-        _serve(conn, up, CoreLoop(core, threads))
+        _serve(MessageReader(conn.fileno(), DOWN), writer, CoreLoop(core, threads))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the API process is gone: so is the reason to run
 
 
-def _send(up: Connection, message: tuple) -> None:
-    write_frame(up.fileno(), pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _serve(conn: Connection, up: Connection, loop: CoreLoop) -> None:
+def _serve(requests: MessageReader, writer: MessageWriter, loop: CoreLoop) -> None:
     core = loop.core
     num_adds = 0
     while True:
-        deliveries = []
+        refusals = []
         timeout = 0.0 if core.has_work() else IDLE_POLL_SECONDS
         received = False
-        while conn.poll(timeout):
+        while requests.ready(timeout):
             received, timeout = True, 0.0
-            for message in conn.recv():
-                if message[0] == "add":
+            for message in requests.read():
+                kind = message.kind
+                if kind is MessageKind.ADD:
                     num_adds += 1
-                    deliveries += filter(None, [loop.add(*message[1:])])
-                elif message[0] == "abort":
-                    loop.abort(message[1])
-                else:  # "stop"
+                    refused = loop.add(message.request_id, message.prompt_token_ids, message.params)
+                    if refused is not None:
+                        refusals.append(Refusal.of(*refused))
+                elif kind is MessageKind.ABORT:
+                    loop.abort(message.request_id)
+                else:  # Stop
                     return
         stepped = core.has_work()
-        if stepped:
-            deliveries += loop.step()
+        outputs = [out for _, out in loop.step()] if stepped else []
         if stepped or received:
-            _send(up, ("step", encode(deliveries), core.stats(stepped), num_adds))
+            writer.send([StepOutputs(outputs, core.stats(stepped), num_adds, refusals)])

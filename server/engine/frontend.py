@@ -4,8 +4,9 @@
 event loop per step; a stream belongs to the event loop that submitted its request. Where the core
 runs is a subclass's business: on a thread of this process (`AsyncEngine`) or in a process of its
 own (`ProcessEngine`). A `RequestStream` keeps the outputs delivered and not yet read in a plain
-list and joins those of several steps into one, so a slow reader costs one write per turn of its
-event loop rather than one per token, and a step's output costs its stream one append.
+list and joins those of several steps into one (`merge_outputs`), so a slow reader costs one write per
+turn of its event loop rather than one per token, and a step's output costs its stream one append.
+A route that answers whole asks the stream for its `final` output, merged by the same function.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import asyncio
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
-from functools import reduce
 
 from .core import EngineConfig, EngineStats
 from .outputs import RequestOutput, merge_outputs
@@ -67,10 +67,6 @@ class EngineFrontend(ABC):
 
     @abstractmethod
     def _send_abort(self, request_id: str) -> None: ...
-
-    def _join(self, items: list) -> RequestOutput:
-        """One output from a request's consecutive deliveries, in the form the subclass delivers them."""
-        return reduce(merge_outputs, items)
 
     # ---- requests ------------------------------------------------------------------
 
@@ -140,7 +136,7 @@ class RequestStream:
         self.engine = engine
         self.request_id = request_id
         self.loop = loop  # the event loop that reads this stream; outputs are pushed on it
-        self._pending: list = []  # delivered, not yet read: outputs (in the engine's form), an error perhaps last
+        self._pending: list = []  # delivered, not yet read: RequestOutputs, an error perhaps last
         self._waiter: asyncio.Future | None = None  # set while the reader waits for a delivery
         self.finished = False
 
@@ -169,11 +165,23 @@ class RequestStream:
         count = 1
         while count < len(pending) and not isinstance(pending[count], BaseException):
             count += 1
-        out = self.engine._join(pending[:count])
+        out = merge_outputs(pending[:count])
         del pending[:count]
         if out.finished:
             self._end()
         return out
+
+    async def final(self, observe: Callable[[RequestOutput], None] | None = None) -> RequestOutput:
+        """The whole output of the request: every output read to the end (the one that is `finished`) and
+        merged; raises what the stream raises. `observe` sees each output as it is read (metrics time them)."""
+        if self.finished:
+            raise RuntimeError(f"the stream of {self.request_id} was already read to its end")
+        outputs = []
+        async for out in self:
+            if observe is not None:
+                observe(out)
+            outputs.append(out)
+        return merge_outputs(outputs)
 
     def _end(self) -> None:
         self.finished = True

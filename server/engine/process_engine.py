@@ -1,9 +1,9 @@
 """One hosted model's engine with its core in a process of its own (see core_process.py).
 
 The API process keeps the tokenizer and the model's metadata; requests and aborts go down a
-pipe, written by a sender thread (a burst of long prompts can fill the pipe while the core is in
-a long step, and the event loop must never wait for that), and a reader thread takes one message
-per step off the pipe back and wakes each event loop once.
+pipe as typed messages (messages.py, framed by wire.py), written by a sender thread (a burst of long
+prompts can fill the pipe while the core is in a long step, and the event loop must never wait for
+that), and a reader thread takes the step messages off the other pipe and wakes each event loop once.
 The step loop and the HTTP side then never compete for one interpreter. A core process that
 dies is noticed at once (its end of the pipe closes): /ready and /health say so, open streams
 fail with EngineDeadError and new requests are refused with 503.
@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import pickle
 import queue
 import threading
 import time
 
 from .core import EngineStats
-from .outputs import RequestOutput
-from .core_process import CoreInfo, CoreSpec, run_core_process
+from .core_process import CoreSpec, run_core_process
 from .frontend import EngineFrontend
-from .wire import FrameReader, deliveries, join
+from .messages import UP, AbortRequest, AddRequest, CoreInfo, Failed, Message, MessageKind, Stop
+from .wire import MessageReader, MessageWriter
 
 log = logging.getLogger("quill.engine")
 
@@ -81,43 +80,45 @@ class ProcessEngine(EngineFrontend):
         self._process.start()
         child_conn.close()  # only the child holds its ends now: its death closes the pipe
         child_up.close()
-        self._frames = FrameReader(self._up.fileno())
+        self._messages = MessageReader(self._up.fileno(), UP)
+        self._writer = MessageWriter(self._conn.fileno())
         log.info("%s: engine process started (pid %d)", self.name, self._process.pid)
         message = self._first_message(stop)
-        if message[0] != "ready":
+        if message.kind is not MessageKind.READY:
             self._process.join(5)
-            raise EngineStartError(f"{self.name}: {message[1]}")
-        self.info = message[1]
+            raise EngineStartError(f"{self.name}: {message.reason}")
+        self.info = message.info
         self._reader = threading.Thread(target=self._read, name=f"engine-reader-{self.name}", daemon=True)
         self._reader.start()
         self._sender = threading.Thread(target=self._write, name=f"engine-sender-{self.name}", daemon=True)
         self._sender.start()
 
-    def _first_message(self, stop: threading.Event | None) -> tuple:
+    def _first_message(self, stop: threading.Event | None) -> Message:
+        """Ready, or Failed with the reason (the engine process's own, or what became of it)."""
         deadline = None if self.ready_timeout is None else time.monotonic() + self.ready_timeout
-        while not self._up.poll(STOP_POLL_SECONDS):
+        while not self._messages.ready(STOP_POLL_SECONDS):
             if stop is not None and stop.is_set():
                 self._process.kill()
                 self._process.join()
                 raise EngineStartCancelled(f"{self.name}: the server began to stop while its engine process loaded")
             if deadline is not None and time.monotonic() > deadline:
                 self._process.kill()
-                return ("failed", f"the engine process did not load its model within {self.ready_timeout:.0f}s")
+                return Failed(f"the engine process did not load its model within {self.ready_timeout:.0f}s")
         try:
-            return self._receive()[0]
+            return self._messages.read()[0]
         except (EOFError, OSError):
             self._process.join(5)
-            return ("failed", f"the engine process exited while loading (exit code {self._process.exitcode})")
+            return Failed(f"the engine process exited while loading (exit code {self._process.exitcode})")
 
     def shutdown(self, timeout: float = 5.0) -> None:
         if self._process is None:
             return
         self._stopping = True
         if self._sender is not None:
-            self._outbox.put(None)  # after every message queued before: it sends them, then "stop"
+            self._outbox.put(None)  # after every message queued before: it sends them, then Stop
             self._sender.join(timeout)
         else:  # the model never loaded: nothing else was sent
-            self._send_or_fail([("stop",)])
+            self._send_or_fail([Stop()])
         self._process.join(timeout)
         if self._process.is_alive():
             self._process.kill()
@@ -139,45 +140,48 @@ class ProcessEngine(EngineFrontend):
 
     def _send_add(self, request_id: str, prompt_token_ids: list[int], params) -> None:
         self._adds_sent += 1
-        self._outbox.put(("add", request_id, prompt_token_ids, params))
+        self._outbox.put(AddRequest(request_id, prompt_token_ids, params))
 
     def _send_abort(self, request_id: str) -> None:
-        self._outbox.put(("abort", request_id))
+        self._outbox.put(AbortRequest(request_id))
 
     def _write(self) -> None:
-        """The sender thread: whatever has been queued goes down the pipe as one message, in order."""
-        while True:
-            messages = [self._outbox.get()]
-            while not self._outbox.empty():
-                messages.append(self._outbox.get())
-            stop = None in messages
-            if stop:
-                messages = messages[: messages.index(None)] + [("stop",)]
-            if not self._send_or_fail(messages) or stop:
-                return
-
-    def _send_or_fail(self, messages: list[tuple]) -> bool:
+        """The sender thread: whatever has been queued goes down the pipe in one write, in order."""
         try:
-            self._conn.send(messages)
+            while True:
+                messages = [self._outbox.get()]
+                while not self._outbox.empty():
+                    messages.append(self._outbox.get())
+                stop = None in messages
+                if stop:
+                    messages = messages[: messages.index(None)] + [Stop()]
+                if not self._send_or_fail(messages) or stop:
+                    return
+        except Exception as e:  # a message msgpack cannot encode: with no sender, every request would wait forever
+            log.exception("%s: sending to the engine process failed", self.name)
+            self._fail_all(f"engine process unreachable: {type(e).__name__}: {e}")
+            self._stopping = True  # the engine process is of no use now: it is told to stop
+            self._send_or_fail([Stop()])  # nothing of the failed write was written
+
+    def _send_or_fail(self, messages: list[Message]) -> bool:
+        try:
+            self._writer.send(messages)
             return True
-        except (OSError, EOFError):  # the process died: the reader tells every stream
+        except OSError:  # the process died: the reader tells every stream
             return False
-
-    def _join(self, items: list[tuple]) -> RequestOutput:
-        return join(items)  # outputs stay in their wire form until their stream reads them
-
-    def _receive(self) -> list[tuple]:
-        return [pickle.loads(frame) for frame in self._frames.read()]
 
     def _read(self) -> None:
         """The reader thread: every step message that has arrived, delivered with one wake-up per event loop."""
         try:
             while True:
                 items = []
-                for _, wire, stats, adds_received in self._receive():
-                    items += deliveries(wire)
-                    self._report(stats)
-                self._stats, self._adds_received = stats, adds_received
+                for step in self._messages.read():
+                    if step.kind is not MessageKind.STEP:
+                        raise RuntimeError(f"a {step.kind.name} message after the engine process was ready")
+                    items += [(out.request_id, out) for out in step.outputs]
+                    items += [(refusal.request_id, refusal.error()) for refusal in step.refusals]
+                    self._report(step.stats)
+                self._stats, self._adds_received = step.stats, step.num_adds
                 if items:
                     self._deliver_all(items)
         except (EOFError, OSError):

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from server.api.app import create_app
-from server.engine.frontend import EngineDeadError
+from server.engine.frontend import EngineDeadError, RequestStream
 from server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from server.engine.scheduler import QueueFullError
 from tests.server.api.conftest import TINY, server_config
@@ -411,8 +411,11 @@ async def test_draining_is_503(client, app, route):
 class ScriptedStream:
     """Stands in for the engine's RequestStream: plays back outputs, then raises `fail` if given."""
 
+    final = RequestStream.final  # the real merge, over these outputs
+
     def __init__(self, outputs, fail: Exception | None = None):
         self.outputs, self.fail, self.closed = outputs, fail, False
+        self.finished = False
 
     def __aiter__(self):
         return self._play()

@@ -103,3 +103,36 @@ def test_closing_an_unfinished_stream_aborts_its_request_and_drops_later_outputs
     stream = asyncio.run(main())
     assert engine.sent == [("add", "r"), ("abort", "r")]
     assert stream._pending == [] and engine.num_active == 0
+
+
+def test_the_final_output_merges_every_output_and_each_is_observed_as_it_is_read():
+    engine = RecordingFrontend()
+    observed = []
+
+    async def main():
+        stream = engine.submit([1, 2], None, "r")
+        final = asyncio.ensure_future(stream.final(observed.append))
+        for text, token_id, finished in (("a", 5, False), ("b", 6, False), ("c", 7, True)):
+            engine._deliver_all([("r", output("r", text, token_id, finished))])
+            await asyncio.sleep(0)  # the push
+            await asyncio.sleep(0)  # the reader reads it
+        return await asyncio.wait_for(final, 5), stream
+
+    out, stream = asyncio.run(main())
+    assert (out.outputs[0].text, out.outputs[0].token_ids, out.finished) == ("abc", [5, 6, 7], True)
+    assert [o.outputs[0].text for o in observed] == ["a", "b", "c"]
+    assert stream.finished and engine.num_active == 0
+    with pytest.raises(RuntimeError, match="already read"):
+        asyncio.run(stream.final())
+
+
+def test_the_final_output_of_a_refused_request_raises_its_refusal():
+    engine = RecordingFrontend()
+
+    async def main():
+        stream = engine.submit([1, 2], None, "r")
+        engine._deliver_all([("r", ValueError("the prompt has no tokens"))])
+        return await stream.final()
+
+    with pytest.raises(ValueError, match="no tokens"):
+        asyncio.run(main())

@@ -19,15 +19,15 @@ from server.engine.core import CacheConfig, EngineConfig
 from server.engine.core_process import CoreSpec
 from server.engine.frontend import EngineDeadError
 from server.engine.process_engine import EngineStartCancelled, EngineStartError, ProcessEngine
-from server.engine.scheduler import SchedulerConfig
+from server.engine.scheduler import QueueFullError, SchedulerConfig
 from server.sampling import SamplingParams
 from tests.conftest import TEST_DEVICE
 
 CONFIG = EngineConfig(SchedulerConfig(max_num_seqs=8), CacheConfig(block_size=4, num_blocks=256))
 
 
-def spec(path: str, name: str = "m") -> CoreSpec:
-    return CoreSpec(name, path, dict(device=str(TEST_DEVICE), dtype="float32"), CONFIG)
+def spec(path: str, name: str = "m", config: EngineConfig = CONFIG) -> CoreSpec:
+    return CoreSpec(name, path, dict(device=str(TEST_DEVICE), dtype="float32"), config)
 
 
 async def run(engine, prompts, params):
@@ -65,8 +65,57 @@ def test_same_outputs_as_the_thread_engine(process_engine, tiny_checkpoints):
 def test_refusals_come_back_as_the_streams_errors(process_engine):
     async def main():
         return [out async for out in process_engine.generate([], SamplingParams(max_tokens=2))]
-    with pytest.raises(ValueError, match="no tokens"):
+    with pytest.raises(ValueError, match="no tokens") as refused:
         asyncio.run(main())
+    assert type(refused.value) is ValueError
+
+
+def test_a_full_queue_in_the_engine_process_is_raised_as_queue_full(tiny_checkpoints, monkeypatch):
+    """The core refuses what the frontend's count let through (here: a count that says nothing waits)."""
+    config = EngineConfig(SchedulerConfig(max_num_seqs=1, max_queue=1), CacheConfig(block_size=4, num_blocks=64))
+    engine = ProcessEngine(spec(tiny_checkpoints["tiny-lstm"], config=config))
+    monkeypatch.setattr(ProcessEngine, "num_pending", property(lambda self: 0))
+    engine.start()
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+
+    async def outcome(stream):
+        try:
+            return [out async for out in stream][-1].finished
+        except Exception as e:
+            return e
+
+    async def main():
+        os.kill(engine.pid, signal.SIGSTOP)  # all three arrive together, before a step admits the first
+        try:
+            streams = [engine.submit([1, 2], params) for _ in range(3)]
+            await asyncio.sleep(0.2)
+        finally:
+            os.kill(engine.pid, signal.SIGCONT)
+        return [await outcome(s) for s in streams]
+
+    try:
+        outcomes = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert outcomes[0] is True
+    assert [type(e) for e in outcomes[1:]] == [QueueFullError, QueueFullError]
+    assert str(outcomes[1]) == "the queue is full (1 requests waiting)"
+
+
+def test_a_request_that_cannot_be_encoded_fails_the_engine_rather_than_hanging(tiny_checkpoints):
+    engine = ProcessEngine(spec(tiny_checkpoints["tiny-lstm"]))
+    engine.start()
+
+    async def main():
+        stream = engine.submit([1, object()], SamplingParams(max_tokens=2))  # msgpack knows no such token
+        with pytest.raises(EngineDeadError, match="engine process unreachable: TypeError"):
+            await asyncio.wait_for(stream.final(), 10)
+
+    try:
+        asyncio.run(main())
+        assert not engine.is_alive
+    finally:
+        engine.shutdown()
 
 
 def test_a_load_error_is_told_plainly(tmp_path):

@@ -1,80 +1,107 @@
-"""Step outputs through the engine process's pipe: encoded, framed, read back whole."""
+"""Typed messages through the engine process's pipes: encoded, framed, read back whole and of their type."""
 
 from __future__ import annotations
 
-import copy
 import os
-import pickle
 
 import pytest
 
-from server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob, merge_outputs
+from server.engine.core import EngineStats
+from server.engine.messages import (
+    DOWN,
+    UP,
+    AbortRequest,
+    AddRequest,
+    CoreInfo,
+    Failed,
+    MessageKind,
+    Ready,
+    Refusal,
+    RefusalKind,
+    StepOutputs,
+    Stop,
+)
+from server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from server.engine.scheduler import QueueFullError
-from server.engine.wire import FrameReader, deliveries, encode, join, write_frame
+from server.engine.wire import FrameReader, MessageReader, MessageWriter, write_frame
+from server.sampling import SamplingParams
 
 
-def trip(outputs: list[tuple[str, object]]) -> list[tuple[str, object]]:
-    """Encoded, pickled as the pipe does, and read back one output per entry."""
-    items = deliveries(pickle.loads(pickle.dumps(encode(outputs))))
-    return [(rid, item if isinstance(item, BaseException) else join([item])) for rid, item in items]
+@pytest.fixture
+def pipe():
+    read_end, write_end = os.pipe()
+    yield read_end, write_end
+    for fd in (read_end, write_end):
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # the test closed it
 
 
-def test_outputs_and_refusals_survive_the_trip():
+def trip(pipe, kinds, messages: list) -> list:
+    """Sent in one write, read back as the other side reads them."""
+    read_end, write_end = pipe
+    MessageWriter(write_end).send(messages)
+    reader, back = MessageReader(read_end, kinds), []
+    while len(back) < len(messages):
+        back += reader.read()
+    return back
+
+
+def test_every_message_kind_is_an_enum_member_and_names_its_type():
+    messages = [AddRequest("r", [1], SamplingParams()), AbortRequest("r"), Stop(),
+                Ready(CoreInfo("cpu", "float32", 1, "x")), Failed("why"), StepOutputs([], EngineStats(), 0)]
+    kinds = [m.kind for m in messages]
+    assert all(type(k) is MessageKind for k in kinds)
+    assert kinds == [MessageKind.ADD, MessageKind.ABORT, MessageKind.STOP, MessageKind.READY, MessageKind.FAILED,
+                     MessageKind.STEP]
+
+
+def test_requests_go_down_as_their_types(pipe):
+    params = SamplingParams(n=2, temperature=0, stop=["\n"], logit_bias={7: -1.5}, seed=2**64 - 1, logprobs=3,
+                            use_beam_search=True, beam_width=2, early_stopping="never")
+    sent = [AddRequest("a", [1, 2, 3], params), AbortRequest("b"), Stop()]
+    back = trip(pipe, DOWN, sent)
+    assert back == sent
+    assert [type(m) for m in back] == [AddRequest, AbortRequest, Stop]
+    assert type(back[0].params) is SamplingParams and back[0].params.logit_bias == {7: -1.5}
+
+
+def test_outputs_and_refusals_come_up_as_their_types(pipe):
     first = RequestOutput("a", [CompletionOutput(0, "hé", [5, 6], [TokenLogprob(5, -0.5, [(5, -0.5), (7, -1.0)]),
                                                                    TokenLogprob(6, -0.1)], None, -0.6)],
                           False, 3, prompt_logprobs=[None, TokenLogprob(2, -2.0)], queue_time=0.25)
     last = RequestOutput("b", [CompletionOutput(1, "", [], None, "error")], True, 2, error="boom")
-    refused = QueueFullError("the queue is full")
-    back = trip([("a", first), ("b", last), ("c", refused)])
-    assert back[:2] == [("a", first), ("b", last)]
-    assert back[2][0] == "c" and isinstance(back[2][1], QueueFullError) and str(back[2][1]) == "the queue is full"
+    refusals = [Refusal.of("c", QueueFullError("the queue is full")), Refusal.of("d", ValueError("no tokens"))]
+    step = StepOutputs([first, last], EngineStats(num_running=2, cache_usage=0.5), 4, refusals)
+    back, = trip(pipe, UP, [step])
+    assert back == step and back.kind is MessageKind.STEP
+    assert type(back.outputs[0].outputs[0].logprobs[0]) is TokenLogprob
+    assert [r.kind for r in back.refusals] == [RefusalKind.QUEUE_FULL, RefusalKind.INVALID]
+    errors = [r.error() for r in back.refusals]
+    assert type(errors[0]) is QueueFullError and str(errors[0]) == "the queue is full"
+    assert type(errors[1]) is ValueError and str(errors[1]) == "no tokens"
 
 
-def test_frames_are_read_whole_however_the_bytes_arrive():
-    read_end, write_end = os.pipe()
-    try:
-        payloads = [b"x" * 10, b"", b"y" * 5000]
-        for p in payloads:
-            write_frame(write_end, p)
-        reader = FrameReader(read_end, chunk_bytes=7)  # every frame arrives split over several reads
-        got = []
-        while len(got) < len(payloads):
-            got += reader.read()
-        assert got == payloads
-        os.close(write_end)
-        write_end = None
-        with pytest.raises(EOFError):
-            reader.read()
-    finally:
-        os.close(read_end)
-        if write_end is not None:
-            os.close(write_end)
+def test_a_message_of_the_other_direction_is_not_read_as_one_of_this(pipe):
+    read_end, write_end = pipe
+    MessageWriter(write_end).send([Stop()])
+    with pytest.raises(Exception, match="Invalid value 3"):
+        MessageReader(read_end, UP).read()
 
 
-def test_merged_outputs_cover_both_steps():
-    a = RequestOutput("r", [CompletionOutput(0, "To", [1], [TokenLogprob(1, -1.0)], None, -1.0)], False, 4)
-    b = RequestOutput("r", [CompletionOutput(0, " be", [2], [TokenLogprob(2, -2.0)], "length", -3.0),
-                            CompletionOutput(1, "!", [3], None, "stop", -0.5)], True, 4)
-    merged = merge_outputs(a, b)
-    assert merged.finished
-    first, second = merged.outputs
-    assert (first.text, first.token_ids, first.finish_reason, first.cumulative_logprob) == ("To be", [1, 2], "length", -3.0)
-    assert [e.token_id for e in first.logprobs] == [1, 2]
-    assert (second.index, second.text) == (1, "!")
-
-
-def test_entries_of_several_steps_join_as_merged_outputs_do():
-    steps = [
-        RequestOutput("r", [CompletionOutput(0, "To", [1], [TokenLogprob(1, -1.0, [(1, -1.0)])], None, -1.0)], False, 4,
-                      prompt_logprobs=[None, TokenLogprob(9, -3.0)], queue_time=0.5),
-        RequestOutput("r", [CompletionOutput(0, " be", [2, 3], [TokenLogprob(2, -2.0), TokenLogprob(3, -0.1)], None,
-                                             -3.1)], False, 4),
-        RequestOutput("r", [CompletionOutput(0, "", [], [], "length", -3.1),
-                            CompletionOutput(1, "!", [4], None, "stop", -0.5, score=-0.25)], True, 4, error="late"),
-    ]
-    entries = [entry for _, entry in deliveries(encode([("r", step) for step in steps]))]
-    expected = copy.deepcopy(steps[0])
-    for step in steps[1:]:
-        expected = merge_outputs(expected, copy.deepcopy(step))
-    assert join(entries) == expected
-    assert join(entries).outputs[0].token_ids == [1, 2, 3]
+def test_frames_are_read_whole_however_the_bytes_arrive(pipe):
+    read_end, write_end = pipe
+    payloads = [b"x" * 10, b"", b"y" * 5000]
+    for p in payloads:
+        write_frame(write_end, p)
+    reader = FrameReader(read_end, chunk_bytes=7)  # every frame arrives split over several reads
+    assert reader.ready(0)
+    got = []
+    while len(got) < len(payloads):
+        got += reader.read()
+    assert got == payloads and not reader.ready(0)
+    os.close(write_end)
+    assert reader.ready(0)  # the writer's end: read tells it
+    with pytest.raises(EOFError):
+        reader.read()
