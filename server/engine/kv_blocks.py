@@ -1,7 +1,8 @@
 """Paged K,V cache bookkeeping: which block holds which tokens of which sequence.
 
 Plain Python on the CPU; the tensors live in the model's `PagedKVCache`: a copy-on-write
-is recorded as a `CacheOp` that the runner applies before the next forward pass. Blocks are shared by
+is recorded as a `CacheOp` that the runner applies before the next forward pass, and every change to a
+sequence's table as a `TableEdit` for the runner's copy of the tables. Blocks are shared by
 reference count between forked sequences and between sequences whose prompts share
 a prefix (prefix caching: a full block is keyed by all the tokens up to its end).
 A freed block keeps its key until it is reused, so a later request can still hit it.
@@ -13,6 +14,7 @@ from collections import OrderedDict
 
 from .cache import CacheOp
 from .prefix import BlockKey, block_keys
+from .table_edits import TableEdits
 
 
 class KVBlockManager:
@@ -20,6 +22,7 @@ class KVBlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ops: list[CacheOp] = []
+        self.table_edits = TableEdits()
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
         self.block_key: list[BlockKey | None] = [None] * num_blocks
@@ -61,6 +64,7 @@ class KVBlockManager:
                 self.keyed[seq_id] = (len(table), hash(key))
             self.prefix_hits += len(table) * self.block_size
         self.tables[seq_id] = table
+        self.table_edits.write(seq_id, 0, table)
         return len(table) * self.block_size
 
     def allocate(self, seq_id: int, num_computed: int, num_new_tokens: int) -> bool:
@@ -78,7 +82,10 @@ class KVBlockManager:
             self.ops.append(CacheOp("copy", (table[i],), (fresh,)))
             self._release(table[i])
             table[i] = fresh
-        table.extend(self._pop_free() for _ in range(grow))
+            self.table_edits.write(seq_id, i, (fresh,))
+        if grow:
+            table.extend(self._pop_free() for _ in range(grow))
+            self.table_edits.write(seq_id, len(table) - grow, table[-grow:])
         return True
 
     def can_admit(self, num_seqs: int = 1) -> bool:
@@ -108,16 +115,20 @@ class KVBlockManager:
         for block in table:
             self.ref_counts[block] += 1
         self.tables[child_id] = table
+        self.table_edits.write(child_id, 0, table)
         if parent_id in self.keyed:
             self.keyed[child_id] = self.keyed[parent_id]
 
     def free(self, seq_id: int) -> None:
+        if seq_id in self.tables:  # a request aborted while it waited holds none
+            self.table_edits.free(seq_id)
         self.keyed.pop(seq_id, None)
         for block in reversed(self.tables.pop(seq_id, [])):  # tail first: evicted before the shared prefix
             self._release(block)
 
     def reset(self) -> None:
         """Forget every sequence and cached prefix (after a failed step, when no request holds blocks)."""
+        self.table_edits.free_all(self.tables)
         self.ref_counts = [0] * self.num_blocks
         self.block_key = [None] * self.num_blocks
         self.cached.clear()
