@@ -54,10 +54,9 @@ def scripted_engine(num_seqs: int, vocab_size: int, state_kind: str, async_sched
     loaded = LoadedModel(name="scripted", path=Path("scripted"), architecture="scripted", model=model,
                          tokenizer=tokenizer, eos_token_ids=[0], device=torch.device("cpu"), dtype=torch.float32)
     blocks_per_seq = max(64, -(-max_seq_len // block_size))
-    config = EngineConfig(SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=MAX_BATCHED_TOKENS, max_queue=num_seqs),
-                          CacheConfig(block_size=block_size, num_blocks=num_seqs * blocks_per_seq),
-                          async_scheduling=async_scheduling)
-    return EngineCore(loaded, config)
+    scheduler = SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=MAX_BATCHED_TOKENS, max_queue=num_seqs)
+    cache = CacheConfig(block_size=block_size, num_blocks=num_seqs * blocks_per_seq)
+    return EngineCore(loaded, EngineConfig(scheduler, cache, async_scheduling=async_scheduling))
 
 
 def measure(num_seqs: int, steps: int, vocab_size: int, setting: str, state_kind: str = "paged_kv",
