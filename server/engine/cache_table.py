@@ -4,9 +4,10 @@ A row holds the sequence's block ids (paged K,V), or its state slot in a table o
 gated CNN). The runner changes a row only where the cache manager changed that sequence's table
 (table_edits.py): a step applies its few edits with one host-to-device copy, then gathers its
 sequences' rows on the device, in the step's order. Re-packing every table from Python lists instead
-cost a decode step of 256 sequences with 2,048-token contexts about 2 ms of host time (32,000 block
-ids), growing with context length; the edits of a decode step are the sequences crossing into a new
-block (about one in block_size) and nothing else.
+took half the host time of a decode step of 256 sequences with 2,048-token contexts (33,000 block ids;
+3.05 ms a step against 1.50 ms, benchmarks/host_overhead.py on a 2-core AMD EPYC), growing with context
+length; the edits of a decode step are the sequences crossing into a new block (about one in
+block_size) and nothing else.
 
 A row's columns past its sequence's own blocks keep whatever ids an earlier occupant left there: valid
 blocks, never read (attention reads a sequence's keys up to its length only, and masks the rest).
