@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from models.checkpoint import LoadedModel
+from models.scripted import ScriptedConfig, ScriptedModel
+from server.engine.cache_table import CacheTable
+from server.engine.core import CacheConfig, EngineConfig, EngineCore
+from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
-from tests.server.engine.helpers import run_to_completion, scripted_engine
+from tests.conftest import TEST_DEVICE
+from tests.server.engine.graph_emulation import EmulatedGraphs
+from tests.server.engine.helpers import collect, run_to_completion, scripted_engine
 
 
 class Recorder:
@@ -148,14 +155,9 @@ TABLE_ARRIVALS = {
 }
 
 
-def table_engine(tokenizer, state_kind: str, mode: str):
-    from models.checkpoint import LoadedModel
-    from models.scripted import ScriptedConfig, ScriptedModel
-    from server.engine.core import CacheConfig, EngineConfig, EngineCore
-    from server.engine.scheduler import SchedulerConfig
-    from tests.conftest import TEST_DEVICE
-    from tests.server.engine.graph_emulation import EmulatedGraphs
-
+def table_engine(tokenizer, state_kind: str, mode: str) -> tuple[EngineCore, TableCheck]:
+    """A scripted engine, synchronous, overlapped ("async") or replaying graph buckets ("graphs"), every forward
+    pass of which `TableCheck` checks."""
     model = ScriptedModel(ScriptedConfig(tokenizer.vocab_size, state_kind=state_kind))
     loaded = LoadedModel("scripted", None, "scripted", model.to(TEST_DEVICE), tokenizer, [0], TEST_DEVICE,
                          torch.float32)
@@ -168,8 +170,6 @@ def table_engine(tokenizer, state_kind: str, mode: str):
 
 
 def run_table_arrivals(engine) -> dict:
-    from tests.server.engine.helpers import collect
-
     results, step = {}, 0
     while step <= max(TABLE_ARRIVALS) or engine.has_work():
         for request_id, prompt, params in TABLE_ARRIVALS.get(step, []):
@@ -201,8 +201,6 @@ def test_every_step_reads_each_sequences_current_blocks_or_slot(tiny_tokenizer, 
 def test_a_table_that_misses_one_kind_of_change_fails_the_check(tiny_tokenizer, monkeypatch, forgets):
     """The check above catches a runner that forgets blocks a sequence grew, blocks replaced by their copies on
     write, or the ids of a row that a finished sequence left to a new one."""
-    from server.engine.cache_table import CacheTable
-
     apply, written, used_rows = CacheTable.apply, {}, set()  # written: seq id -> entries of its row written
 
     def forgetful_apply(table, edits):
