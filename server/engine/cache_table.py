@@ -10,7 +10,7 @@ length; the edits of a decode step are the sequences crossing into a new block (
 block_size) and nothing else.
 
 A row's columns past its sequence's own blocks keep whatever ids an earlier occupant left there: valid
-blocks, never read (attention reads a sequence's keys up to its length only, and masks the rest).
+blocks, and harmless (the Triton kernel reads a sequence's keys up to its length only; SDPA masks them).
 The last row is the padding row: every entry the scratch block or slot, for CUDA graphs' padding.
 """
 
