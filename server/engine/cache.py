@@ -50,7 +50,10 @@ class CacheManager(Protocol):
     def free(self, seq_id: int) -> None: ...
 
     def reset(self) -> None:
-        """Forget every sequence (after a failed step)."""
+        """Forget every sequence, and every prefix key no finished step wrote (after a failed step)."""
 
     def take_ops(self) -> list[CacheOp]:
-        """The device work asked for since the last call, in order."""
+        """The device work asked for since the last call, in order: called once for each step launched."""
+
+    def step_finished(self) -> None:
+        """The results of the oldest launched step not yet finished were read: what it wrote may be kept."""

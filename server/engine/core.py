@@ -218,6 +218,7 @@ class EngineCore:
             return outputs + self._overlapped_step()
         if batch.work:
             result = self.runner.run(batch)
+            self.cache.step_finished()
             self.scheduler.commit(batch)
             outputs += self._update(batch, result)
         return outputs
@@ -233,6 +234,7 @@ class EngineCore:
             self.num_overlapped_steps += 1
             self.last_step = StepStats(len(following.work), following.num_tokens)
         result = previous.result()
+        self.cache.step_finished()  # the keys its commit registered above are now safe past a fault
         result.sampled = [(seq, chosen) for seq, chosen in result.sampled if is_live(seq)]  # no token after an abort
         return self._update(previous.batch, result)
 

@@ -63,7 +63,8 @@ class CoreLoop:
 
     def _fail_running(self, message: str) -> list[Delivery]:
         """Fail the requests the step was running and free their cache. A step can die halfway through its
-        bookkeeping, so the cache is then rebuilt from nothing (waiting requests hold no cache)."""
+        bookkeeping, so the cache is then rebuilt (waiting requests hold no cache), keeping only the prefixes
+        that finished steps wrote."""
         failed = []
         self.core.discard_in_flight()  # with async scheduling, a step of those same requests may be launched
         for group in list(self.core.scheduler.running):

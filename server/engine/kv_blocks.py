@@ -5,7 +5,8 @@ is recorded as a `CacheOp` that the runner applies before the next forward pass,
 sequence's table as a `TableEdit` for the runner's copy of the tables. Blocks are shared by
 reference count between forked sequences and between sequences whose prompts share
 a prefix (prefix caching: a full block is keyed by all the tokens up to its end).
-A freed block keeps its key until it is reused, so a later request can still hit it.
+A freed block keeps its key until it is reused, so a later request can still hit it, and so does a block
+of a failed step's requests if a finished step wrote it (unfinished_keys.py).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from .cache import CacheOp
-from .prefix import BlockKey, block_keys
+from .prefix import ROOT, BlockKey, block_keys
 from .table_edits import TableEdits
+from .unfinished_keys import UnfinishedKeys
 
 
 class KVBlockManager:
@@ -29,7 +31,8 @@ class KVBlockManager:
         self.cached: dict[BlockKey, int] = {}  # key -> block holding exactly those tokens
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest freed first
         self.tables: dict[int, list[int]] = {}
-        self.keyed: dict[int, tuple[int, int]] = {}  # seq -> (its leading blocks already keyed, last key's hash)
+        self.keyed: dict[int, tuple[int, BlockKey]] = {}  # seq -> (its leading blocks already keyed, the last key)
+        self.unfinished = UnfinishedKeys()
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # prompt tokens found cached
 
@@ -61,7 +64,7 @@ class KVBlockManager:
                     break
                 self._take(block)
                 table.append(block)
-                self.keyed[seq_id] = (len(table), hash(key))
+                self.keyed[seq_id] = (len(table), key)
             self.prefix_hits += len(table) * self.block_size
         self.tables[seq_id] = table
         self.table_edits.write(seq_id, 0, table)
@@ -95,9 +98,10 @@ class KVBlockManager:
         return None  # any chunk size: every full block is keyed as it is written
 
     def commit(self, seq_id: int, token_ids: list[int], num_computed: int, num_prompt_tokens: int) -> None:
-        """Tokens [0, num_computed) are now in the cache: key their full blocks (prompt or output) for reuse."""
+        """Tokens [0, num_computed) are now in the cache, written by the latest launched step at the latest: key
+        their full blocks (prompt or output) for reuse."""
         full = num_computed // self.block_size
-        done, parent = self.keyed.get(seq_id, (0, 0))
+        done, parent = self.keyed.get(seq_id, (0, ROOT))
         if not self.enable_prefix_caching or full <= done:
             return
         table = self.tables[seq_id]
@@ -107,7 +111,8 @@ class KVBlockManager:
             if self.block_key[block] is None and key not in self.cached:
                 self.block_key[block] = key
                 self.cached[key] = block
-        self.keyed[seq_id] = (full, hash(keys[-1]))
+                self.unfinished.add(key, self.unfinished.num_launched)
+        self.keyed[seq_id] = (full, keys[-1])
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent until one of them writes."""
@@ -127,17 +132,26 @@ class KVBlockManager:
             self._release(block)
 
     def reset(self) -> None:
-        """Forget every sequence and cached prefix (after a failed step, when no request holds blocks)."""
+        """Forget every sequence, and every key whose block no finished step wrote (after a failed step, when no
+        request holds blocks). The step may have died halfway through its bookkeeping, so the pool is rebuilt:
+        every block is free, those still keyed last (they stay cached until reused)."""
         self.table_edits.free_all(self.tables)
+        for key in self.unfinished.take_back():
+            block = self.cached.pop(key, None)
+            if block is not None:
+                self.block_key[block] = None
         self.ref_counts = [0] * self.num_blocks
-        self.block_key = [None] * self.num_blocks
-        self.cached.clear()
-        self.free_blocks = OrderedDict.fromkeys(range(self.num_blocks))
+        unkeyed = [block for block, key in enumerate(self.block_key) if key is None]
+        self.free_blocks = OrderedDict.fromkeys([*unkeyed, *self.free_blocks, *range(self.num_blocks)])
         self.tables.clear()
         self.keyed.clear()
         self.ops.clear()
 
+    def step_finished(self) -> None:
+        self.unfinished.finished()
+
     def take_ops(self) -> list[CacheOp]:
+        self.unfinished.launched()
         ops, self.ops = self.ops, []
         return ops
 

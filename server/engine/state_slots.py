@@ -6,7 +6,8 @@ as a `TableEdit` for the runner's table of slots. Prefix caching for recurrent a
 convolutional models: the state after every `interval` prompt tokens is snapshotted
 into a spare slot, keyed by all the tokens before it; a later prompt with the same
 prefix starts from the snapshot instead of from zero. Snapshots are evicted oldest
-first when their slots are needed.
+first when their slots are needed. A snapshot is keyed when its copy is queued, and taken back if the
+step that carries the copy fails (unfinished_keys.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from .cache import CacheOp
-from .prefix import BlockKey, block_keys
+from .prefix import ROOT, BlockKey, block_keys
 from .table_edits import TableEdits
+from .unfinished_keys import UnfinishedKeys
 
 
 class StateSlotManager:
@@ -31,6 +33,8 @@ class StateSlotManager:
         self.free_snapshot_slots = list(range(num_slots - 1, num_seq_slots - 1, -1))
         self.snapshots: OrderedDict[BlockKey, int] = OrderedDict()  # least recently used first
         self.slots: dict[int, int] = {}
+        self.keyed: dict[int, tuple[int, BlockKey]] = {}  # seq -> (its prompt intervals already keyed, the last key)
+        self.unfinished = UnfinishedKeys()
         self.prefix_queries = 0
         self.prefix_hits = 0
 
@@ -54,13 +58,23 @@ class StateSlotManager:
         return self.free_slots.pop()
 
     def reset(self) -> None:
-        """Forget every sequence (after a failed step, when no request holds state any more)."""
+        """Forget every sequence, and every snapshot whose copy no finished step made (after a failed step, when
+        no request holds state any more): its pending copy is dropped here, or ran in a step that failed."""
         self.table_edits.free_all(self.slots)
+        for key in self.unfinished.take_back():
+            slot = self.snapshots.pop(key, None)
+            if slot is not None:
+                self.free_snapshot_slots.append(slot)
         self.slots.clear()
+        self.keyed.clear()
         self.free_slots = list(range(self.num_seq_slots - 1, -1, -1))
         self.ops.clear()
 
+    def step_finished(self) -> None:
+        self.unfinished.finished()
+
     def take_ops(self) -> list[CacheOp]:
+        self.unfinished.launched()
         ops, self.ops = self.ops, []
         return ops
 
@@ -76,6 +90,7 @@ class StateSlotManager:
                 if key in self.snapshots:
                     found, snapshot = (i + 1) * self.interval, self.snapshots[key]
                     self.snapshots.move_to_end(key)
+                    self.keyed[seq_id] = (i + 1, key)
             self.prefix_hits += found
         if snapshot is None:
             self.ops.append(CacheOp("reset", (), (slot,)))
@@ -97,7 +112,12 @@ class StateSlotManager:
         """After a step: snapshot the state if it now sits exactly on a prompt boundary."""
         if not self.enable_prefix_caching or num_computed % self.interval or num_computed >= num_prompt_tokens:
             return
-        key = block_keys(token_ids[:num_computed], self.interval)[-1]
+        full = num_computed // self.interval
+        done, parent = self.keyed.get(seq_id, (0, ROOT))
+        if done >= full:  # chunks stop at every snapshot point, so the chain only grows; if not, start over
+            done, parent = 0, ROOT
+        key = block_keys(token_ids[: full * self.interval], self.interval, start=done, parent=parent)[-1]
+        self.keyed[seq_id] = (full, key)
         if key in self.snapshots:
             self.snapshots.move_to_end(key)
             return
@@ -109,14 +129,18 @@ class StateSlotManager:
             return
         self.ops.append(CacheOp("copy", (self.slots[seq_id],), (target,)))
         self.snapshots[key] = target
+        self.unfinished.add(key, self.unfinished.num_launched + 1)  # the next step carries the copy
 
     def fork(self, parent_id: int, child_id: int) -> None:
         slot = self._take_slot()
         self.ops.append(CacheOp("copy", (self.slots[parent_id],), (slot,)))
         self.slots[child_id] = slot
         self.table_edits.write(child_id, 0, (slot,))
+        if parent_id in self.keyed:
+            self.keyed[child_id] = self.keyed[parent_id]
 
     def free(self, seq_id: int) -> None:
+        self.keyed.pop(seq_id, None)
         slot = self.slots.pop(seq_id, None)
         if slot is not None:
             self.free_slots.append(slot)

@@ -106,3 +106,21 @@ def test_no_prefix_caching_means_no_hits():
     m.allocate(1, 0, 8)
     m.commit(1, prompt, 8, 8)
     assert m.admit(2, prompt, 7) == 0 and m.prefix_queries == 0
+
+
+def test_a_reset_takes_back_the_keys_no_finished_step_wrote_and_keeps_the_rest():
+    m, _ = manager(num_blocks=8)
+    first, second = list(range(9)), list(range(50, 59))
+    m.admit(1, first, 8)
+    m.allocate(1, 0, 9)
+    m.take_ops()  # step 1 launched
+    m.step_finished()
+    m.commit(1, first, 9, 9)
+    m.admit(2, second, 8)
+    m.allocate(2, 0, 9)
+    m.take_ops()  # step 2 launched; with overlapped scheduling it is committed before its results are read
+    m.commit(2, second, 9, 9)
+    m.reset()  # step 2 failed
+    assert m.num_free_blocks == 8 and m.usage == 0
+    assert m.admit(3, first, 8) == 8  # written by a finished step: still cached
+    assert m.admit(4, second, 8) == 0  # its step never finished: maybe never written

@@ -179,3 +179,19 @@ def test_beams_reach_their_last_token_together():
     finish_step(s, batch)
     batch = s.schedule()
     assert [(seq.seq_id, n) for seq, n in batch.work] == [(1, 1), (2, 2)]  # both finish in this step
+
+
+def test_device_work_asked_for_with_nothing_to_run_waits_for_the_next_step():
+    from server.engine.state_slots import StateSlotManager
+
+    cache = StateSlotManager(4, 2, 4)
+    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=4), cache)
+    first = group("first", 10, 1)
+    s.add(first)
+    finish_step(s, s.schedule())  # [0, 4) computed: a snapshot copy is asked for
+    s.remove(first)
+    assert s.schedule().cache_ops == []  # nothing runs, so nothing would apply the copy
+    s.add(group("second", 3, 2))
+    ops = s.schedule().cache_ops
+    assert [op.kind for op in ops] == ["copy", "reset"] and ops[0].src == (0,)
+

@@ -88,3 +88,33 @@ def test_snapshots_are_evicted_oldest_first():
     assert m.admit(3, [1, 2, 9], 2) == 0  # evicted by [4, 5]
     m.free(3)
     assert m.admit(4, [4, 5, 9], 2) == 2
+
+
+def test_a_prompt_started_from_a_snapshot_keys_its_later_snapshots_as_a_fresh_prompt_would():
+    m, state = manager(num_seq_slots=1, snapshots=3, interval=4)
+    prompt = list(range(20))
+    m.admit(1, prompt[:10], 9)
+    m.commit(1, prompt[:10], 4, 10)
+    m.commit(1, prompt[:10], 8, 10)
+    m.free(1)
+    assert m.admit(2, prompt, 19) == 8  # keys continue from the snapshot it starts from
+    m.commit(2, prompt, 12, 20)
+    m.free(2)
+    assert m.admit(3, prompt[:12] + [42], 12) == 12
+
+
+def test_a_reset_forgets_the_snapshots_whose_copy_no_finished_step_made():
+    m = StateSlotManager(5, 2, 4)
+    prompt = list(range(14))
+    m.admit(1, prompt, 13)
+    m.take_ops()  # step 1 launched: prompt tokens [0, 4)
+    m.step_finished()
+    m.commit(1, prompt, 4, 14)  # its snapshot is copied at the start of step 2
+    m.take_ops()
+    m.step_finished()
+    m.commit(1, prompt, 8, 14)  # copied at the start of step 3, which fails
+    m.take_ops()
+    m.commit(1, prompt, 12, 14)  # a failed step's commit (say its outputs could not be processed): never copied
+    m.reset()
+    assert len(m.snapshots) == 1 and len(m.free_snapshot_slots) == 2 and not m.ops
+    assert m.admit(2, prompt, 13) == 4
