@@ -4,13 +4,16 @@ Two managers implement `CacheManager`: `KVBlockManager` (paged K,V blocks) and
 `StateSlotManager` (fixed-size LSTM / gated-CNN state slots). Both are plain Python: when
 their bookkeeping needs tensors to change (copy-on-write of a block, a forked or snapshotted
 slot, a slot reset to the empty state) they append a `CacheOp` to their pending list, and the
-runner applies the list, in order, before the next forward pass.
+runner applies the list, in order, before the next forward pass. Changes to a sequence's block table
+or slot are recorded the same way, as `TableEdits` for the runner's device-side table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal, Protocol
+
+from .table_edits import TableEdits
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +27,7 @@ class CacheManager(Protocol):
     usage: float  # fraction of the cache held by live sequences
     prefix_queries: int  # prompt tokens looked up in the prefix cache
     prefix_hits: int  # prompt tokens found there
+    table_edits: TableEdits  # changes to sequences' block tables or slots, for the runner
 
     def can_admit(self, num_seqs: int) -> bool:
         """Whether `num_seqs` more sequences can start now."""

@@ -115,7 +115,7 @@ class EngineCore:
                                           cache_cfg.enable_prefix_caching)
             scratch = num_slots
         self.scheduler = Scheduler(sched_cfg, self.cache)
-        self.runner = ModelRunner(loaded, self.state, self.cache, sched_cfg.max_num_seqs,
+        self.runner = ModelRunner(loaded, self.state, sched_cfg.max_num_seqs,
                                   sched_cfg.max_num_batched_tokens, max_model_len or loaded.max_seq_len)
         self.graph_bytes = 0  # device memory the captured graphs hold
         if graph_capture is not None:

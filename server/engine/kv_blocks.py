@@ -1,7 +1,8 @@
 """Paged K,V cache bookkeeping: which block holds which tokens of which sequence.
 
 Plain Python on the CPU; the tensors live in the model's `PagedKVCache`: a copy-on-write
-is recorded as a `CacheOp` that the runner applies before the next forward pass. Blocks are shared by
+is recorded as a `CacheOp` that the runner applies before the next forward pass, and every change to a
+sequence's table as a `TableEdit` for the runner's copy of the tables. Blocks are shared by
 reference count between forked sequences and between sequences whose prompts share
 a prefix (prefix caching: a full block is keyed by all the tokens up to its end).
 A freed block keeps its key until it is reused, so a later request can still hit it, and so does a block
@@ -14,6 +15,7 @@ from collections import OrderedDict
 
 from .cache import CacheOp
 from .prefix import ROOT, BlockKey, block_keys
+from .table_edits import TableEdits
 from .unfinished_keys import UnfinishedKeys
 
 
@@ -22,6 +24,7 @@ class KVBlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ops: list[CacheOp] = []
+        self.table_edits = TableEdits()
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
         self.block_key: list[BlockKey | None] = [None] * num_blocks
@@ -64,6 +67,7 @@ class KVBlockManager:
                 self.keyed[seq_id] = (len(table), key)
             self.prefix_hits += len(table) * self.block_size
         self.tables[seq_id] = table
+        self.table_edits.write(seq_id, 0, table)
         return len(table) * self.block_size
 
     def allocate(self, seq_id: int, num_computed: int, num_new_tokens: int) -> bool:
@@ -81,7 +85,10 @@ class KVBlockManager:
             self.ops.append(CacheOp("copy", (table[i],), (fresh,)))
             self._release(table[i])
             table[i] = fresh
-        table.extend(self._pop_free() for _ in range(grow))
+            self.table_edits.write(seq_id, i, (fresh,))
+        if grow:
+            table.extend(self._pop_free() for _ in range(grow))
+            self.table_edits.write(seq_id, len(table) - grow, table[-grow:])
         return True
 
     def can_admit(self, num_seqs: int = 1) -> bool:
@@ -113,10 +120,13 @@ class KVBlockManager:
         for block in table:
             self.ref_counts[block] += 1
         self.tables[child_id] = table
+        self.table_edits.write(child_id, 0, table)
         if parent_id in self.keyed:
             self.keyed[child_id] = self.keyed[parent_id]
 
     def free(self, seq_id: int) -> None:
+        if seq_id in self.tables:  # a request aborted while it waited holds none
+            self.table_edits.free(seq_id)
         self.keyed.pop(seq_id, None)
         for block in reversed(self.tables.pop(seq_id, [])):  # tail first: evicted before the shared prefix
             self._release(block)
@@ -125,6 +135,7 @@ class KVBlockManager:
         """Forget every sequence, and every key whose block no finished step wrote (after a failed step, when no
         request holds blocks). The step may have died halfway through its bookkeeping, so the pool is rebuilt:
         every block is free, those still keyed last (they stay cached until reused)."""
+        self.table_edits.free_all(self.tables)
         for key in self.unfinished.take_back():
             block = self.cached.pop(key, None)
             if block is not None:

@@ -51,8 +51,9 @@ def next_decode(scheduler: Scheduler, live: ScheduledBatch) -> ScheduledBatch | 
         return None
     if len(live.work) != sum(len(group.seqs) for group in scheduler.running):
         return None  # some running sequence was not in the step in flight: the scheduler decides
-    allocate = scheduler.cache.allocate
+    cache = scheduler.cache
     for seq, _ in live.work:
-        if not decodes_on_device(seq) or not allocate(seq.seq_id, seq.num_computed, 1):
+        if not decodes_on_device(seq) or not cache.allocate(seq.seq_id, seq.num_computed, 1):
             return None  # a full cache preempts, and that waits for the step in flight
-    return ScheduledBatch(work=[(seq, 1) for seq, _ in live.work], cache_ops=scheduler.cache.take_ops())
+    return ScheduledBatch(work=[(seq, 1) for seq, _ in live.work], cache_ops=cache.take_ops(),
+                          table_edits=cache.table_edits.take())

@@ -1,8 +1,10 @@
 """The only part of the engine that touches tensors: one scheduled batch in, its tokens out.
 
-A step (1) applies the cache managers' device work (block copies, slot copies and resets),
-(2) packs the scheduled tokens into persistent, max-sized input buffers (one host-to-device copy
-per field), (3) runs the model, or for a decode-only step replays the CUDA graph captured for its
+A step (1) applies the cache managers' device work (block copies, slot copies and resets), and the
+batch's changes to sequences' block tables or slots to its own table of them on the device
+(cache_table.py), (2) packs the scheduled tokens into persistent, max-sized input buffers (one
+host-to-device copy per field; each sequence's blocks or slot are gathered on the device from its row
+of that table), (3) runs the model, or for a decode-only step replays the CUDA graph captured for its
 batch size (`capture_graphs`), (4) on the device: samples a token for every sequence whose
 tokens are now all computed, ranks the candidates of every beam request with one top-k, and
 scores prompt tokens for requests that asked, and (5) brings everything the host needs back in
@@ -29,6 +31,7 @@ from server.sampling.beam import BeamRequest, beam_candidates
 from server.sampling.table import SamplingTable
 
 from .cache import CacheOp
+from .cache_table import CacheTable
 from .cuda_graphs import GraphCapture, Replay
 from .graph_buckets import choose_bucket, pad_rows
 from .outputs import TokenLogprob
@@ -128,12 +131,11 @@ class PendingStep:
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, state, cache, max_num_seqs: int, max_num_batched_tokens: int,
+    def __init__(self, loaded: LoadedModel, state, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int | None):
         self.loaded = loaded
         self.model = loaded.model
         self.state = state
-        self.cache = cache  # to read block tables / slots
         self.paged = self.model.state_kind == "paged_kv"
         self.device = device = loaded.device
         self.vocab_size = self.model.config.vocab_size
@@ -142,18 +144,14 @@ class ModelRunner:
         self.token_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.logits_indices = torch.zeros(max_tokens, dtype=torch.long, device=device)
-        self.slots = torch.zeros(max_num_seqs, dtype=torch.long, device=device)
         self.sample_slots = torch.zeros(max_num_seqs, dtype=torch.long, device=device)
-        self.block_tables = None
-        self.max_blocks = 0  # blocks of the longest sequence
-        if self.paged:
-            self.max_blocks = -(-(max_model_len or 4096) // cache.block_size)
-            self.block_tables = torch.zeros(max_num_seqs * self.max_blocks, dtype=torch.long, device=device)
+        # Each live sequence's blocks (as many as the longest sequence holds) or its one state slot.
+        width = -(-(max_model_len or 4096) // state.block_size) if self.paged else 1
+        self.table = CacheTable(max_num_seqs, width, device)
+        self.table_rows = torch.zeros(max_num_seqs, dtype=torch.long, device=device)  # the step's rows of `table`
         # Decode steps replayed as graphs (see capture_graphs); none until captured, so every step runs eagerly.
         self.graph_sizes: list[int] = []
         self.graphs: dict[int, Replay] = {}
-        self.graph_tables: torch.Tensor | None = None  # (largest bucket, max_blocks): fixed width for graphs
-        self.scratch = -1  # the block or slot padding rows write to
 
     # ---- the step ------------------------------------------------------------------------
 
@@ -164,6 +162,7 @@ class ModelRunner:
     def launch(self, batch: ScheduledBatch, inputs_from: PendingStep | None = None) -> PendingStep:
         """Queue the step's device work and its copy back. `inputs_from`: a step still in flight whose sampled
         ids are the input tokens of this one's sequences (each a one-token decode; its token is not on the host)."""
+        self.table.apply(batch.table_edits)  # first: its host bookkeeping stays right if a device op fails
         apply_cache_ops(self.state, batch.cache_ops)
         if batch.admitted:
             self.sampling.write([g.slot for g in batch.admitted], [g.params for g in batch.admitted])
@@ -199,40 +198,27 @@ class ModelRunner:
         `scratch` is a cache block (paged K,V) or state slot that no cache manager ever hands out:
         the padding rows of a bucket, and the warm-up runs before each capture, write there only.
         """
-        self.scratch = scratch
-        if self.paged:
-            self.graph_tables = torch.full((max(sizes), self.max_blocks), scratch, dtype=torch.long, device=self.device)
+        self.table.fill_padding(scratch)
         for size in sorted(sizes, reverse=True):
-            step = self._bucket_batch(size)
             self._fill_bucket(_Packed(), size)  # every row is padding while capturing
-            self.graphs[size] = capture.capture(partial(self.model.step, step, self.state))
+            self.graphs[size] = capture.capture(partial(self._bucket_step, size))
         self.graph_sizes = sorted(sizes)
 
-    def _bucket_batch(self, size: int) -> StepBatch:
-        """The step a bucket's graph runs: fixed views of the persistent buffers, one token per row,
-        logits for every row. Nothing in it changes between replays but the buffers' contents."""
+    def _bucket_step(self, size: int) -> torch.Tensor:
+        """The decode step a bucket's graph runs: one token per row, logits for every row, over fixed views of
+        the persistent buffers; the rows' blocks (every column: the longest sequence's width) or slots are
+        gathered on the device. Nothing changes between replays but the buffers' contents."""
         step = StepBatch(token_ids=self.token_ids[:size], positions=self.positions[:size], query_lens=[1] * size)
-        if self.paged:
-            step.block_tables = self.graph_tables[:size]  # every column: the width is the longest sequence's
-        else:
-            step.slots = self.slots[:size]
-        return step
+        self._locate(step, self.table_rows[:size], self.table.width)
+        return self.model.step(step, self.state)
 
     def _fill_bucket(self, packed: "_Packed", size: int) -> None:
         """Write a step's inputs into its bucket's buffers; rows past the real ones are padding: token 0 at
-        position 0, whose K,V or state goes to the scratch block or slot."""
+        position 0 in the table's padding row, whose K,V or state goes to the scratch block or slot."""
         self._upload(self.token_ids, pad_rows(packed.tokens, size, 0))
         self._splice_tokens(packed)
         self._upload(self.positions, pad_rows(packed.positions, size, 0))
-        if not self.paged:
-            self._upload(self.slots, pad_rows(packed.where, size, self.scratch))
-            return
-        # Only the columns up to the widest table of the step are written: the kernel never reads past a
-        # sequence's length and SDPA masks those keys, so older block ids there (all valid blocks) are harmless.
-        width = max(map(len, packed.where), default=1)
-        rows = [table + [0] * (width - len(table)) for table in packed.where]
-        rows += [[self.scratch] * width] * (size - len(rows))
-        self.graph_tables[:size, :width].copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
+        self._upload(self.table_rows, pad_rows(packed.table_rows, size, self.table.padding_row))
 
     def _replay(self, packed: "_Packed", size: int) -> torch.Tensor:
         """The logits rows of the plan, from the bucket's graph; padding rows' logits are never read."""
@@ -256,9 +242,9 @@ class ModelRunner:
         """The step's inputs as host lists, and which logits rows serve what."""
         plan = _Plan()
         packed = _Packed()
-        tokens, positions, rows, where = packed.tokens, packed.positions, packed.rows, packed.where
-        locate = self.cache.block_table if self.paged else self.cache.slot
-        offset = 0
+        tokens, positions, rows, table_rows = packed.tokens, packed.positions, packed.rows, packed.table_rows
+        row_of = self.table.row_of
+        offset = longest = 0
         for seq, n in work:
             start = seq.num_computed
             token_ids = seq.token_ids
@@ -268,9 +254,12 @@ class ModelRunner:
             else:
                 tokens += token_ids[start : start + n]
                 positions += range(start, start + n)
-            where.append(locate(seq.seq_id))
+            table_rows.append(row_of[seq.seq_id])
             group = seq.group
-            completes = start + n >= len(token_ids)
+            end = start + n
+            if end > longest:
+                longest = end
+            completes = end >= len(token_ids)
             if group.params.prompt_logprobs is not None and not group.is_forked:
                 count = min(n, seq.num_prompt_tokens - 1 - start)  # rows predicting prompt tokens
                 if count > 0:
@@ -287,10 +276,12 @@ class ModelRunner:
                     plan.sampled.append((seq, last_row))
             offset += n
         packed.query_lens = [n for _, n in work]
+        packed.longest = longest
         return packed, plan
 
     def _step_batch(self, packed: "_Packed") -> StepBatch:
-        """An eager step's input: the fronts of the persistent buffers, block tables as wide as the widest."""
+        """An eager step's input: the fronts of the persistent buffers, block tables as wide as the longest
+        sequence of the step needs."""
         token_ids = self._upload(self.token_ids, packed.tokens)
         self._splice_tokens(packed)
         step = StepBatch(
@@ -299,18 +290,16 @@ class ModelRunner:
             query_lens=packed.query_lens,
             logits_indices=self._upload(self.logits_indices, packed.rows),
         )
-        where = packed.where
-        if self.paged:
-            width = max(map(len, where))
-            flat, padding = [], [0] * width
-            for table in where:  # each sequence's blocks, padded to the widest table of the step
-                flat += table
-                if len(table) < width:
-                    flat += padding[: width - len(table)]
-            step.block_tables = self._upload(self.block_tables, flat).view(len(where), width)
-        else:
-            step.slots = self._upload(self.slots, where)
+        width = -(-packed.longest // self.state.block_size) if self.paged else 1
+        self._locate(step, self._upload(self.table_rows, packed.table_rows), width)
         return step
+
+    def _locate(self, step: StepBatch, rows: torch.Tensor, width: int) -> None:
+        """Give the step its sequences' block tables (B, width) or state slots (B,), from their `rows` of the table."""
+        if self.paged:
+            step.block_tables = self.table.gather(rows, width)
+        else:
+            step.slots = self.table.gather(rows, 1).view(-1)
 
     def _finish(self, batch: ScheduledBatch, logits: torch.Tensor, plan: "_Plan") -> PendingStep:
         transfer = _Transfer()
@@ -443,8 +432,9 @@ class _Packed:
     tokens: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)  # packed token index of each logits row
-    where: list = field(default_factory=list)  # per sequence: its block table (paged K,V) or state slot
+    table_rows: list[int] = field(default_factory=list)  # per sequence: its row of the runner's cache table
     query_lens: list[int] = field(default_factory=list)
+    longest: int = 0  # tokens of the step's longest sequence, counting its new ones
     token_source: torch.Tensor | None = None  # (rows,) input tokens already on the device (see `launch`)
 
 

@@ -6,7 +6,8 @@ chunk of a long prompt), then waiting requests are admitted while the per-step t
 budget and the sequence cap allow. When the cache is full, the most recently admitted
 request is preempted: its cache is freed and it is recomputed later from its tokens.
 Plain Python: the cache is reached only through the `CacheManager` protocol, and the device
-work the step needs (block copies, slot resets) travels in the batch for the runner to apply.
+work the step needs (block copies, slot resets) travels in the batch for the runner to apply, with
+the changes to sequences' block tables and slots since the last step (table_edits.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from .cache import CacheManager, CacheOp
 from .sequence import Sequence, SequenceGroup, Status
+from .table_edits import TableEdit
 
 
 class QueueFullError(RuntimeError):
@@ -38,6 +40,7 @@ class SchedulerConfig:
 class ScheduledBatch:
     work: list[tuple[Sequence, int]] = field(default_factory=list)  # sequence, number of new tokens
     cache_ops: list[CacheOp] = field(default_factory=list)  # device work to apply before the forward pass
+    table_edits: list[TableEdit] = field(default_factory=list)  # block tables and slots changed since the last step
     admitted: list[SequenceGroup] = field(default_factory=list)  # took a sampling slot this step
     num_preemptions: int = 0
     failed: list[SequenceGroup] = field(default_factory=list)  # requests the cache can never hold
@@ -159,8 +162,9 @@ class Scheduler:
             batch.work += plan
             budget -= sum(n for _, n in plan)
         self.num_preemptions += batch.num_preemptions
-        if batch.work:  # with no step to run, the device work waits for the next one
+        if batch.work:  # a batch with no work never reaches the runner: its changes wait for one that does
             batch.cache_ops = self.cache.take_ops()
+            batch.table_edits = self.cache.table_edits.take()
         return batch
 
     def _release_slot(self, group: SequenceGroup) -> None:

@@ -1,7 +1,8 @@
 """Fixed-size state bookkeeping (LSTM h,c; gated-CNN windows): one slot per live sequence.
 
 The tensors live in the model's `SlotState`; this class decides which slot is whose
-and records the resets and copies it needs as `CacheOp`s, applied by the runner. Prefix caching for recurrent and
+and records the resets and copies it needs as `CacheOp`s, applied by the runner, and each sequence's slot
+as a `TableEdit` for the runner's table of slots. Prefix caching for recurrent and
 convolutional models: the state after every `interval` prompt tokens is snapshotted
 into a spare slot, keyed by all the tokens before it; a later prompt with the same
 prefix starts from the snapshot instead of from zero. Snapshots are evicted oldest
@@ -15,6 +16,7 @@ from collections import OrderedDict
 
 from .cache import CacheOp
 from .prefix import ROOT, BlockKey, block_keys
+from .table_edits import TableEdits
 from .unfinished_keys import UnfinishedKeys
 
 
@@ -23,6 +25,7 @@ class StateSlotManager:
         if num_slots < num_seq_slots:
             raise ValueError("the state holds fewer slots than sequences asked for")
         self.ops: list[CacheOp] = []
+        self.table_edits = TableEdits()
         self.interval = interval
         self.enable_prefix_caching = enable_prefix_caching
         self.num_seq_slots = num_seq_slots
@@ -57,6 +60,7 @@ class StateSlotManager:
     def reset(self) -> None:
         """Forget every sequence, and every snapshot whose copy no finished step made (after a failed step, when
         no request holds state any more): its pending copy is dropped here, or ran in a step that failed."""
+        self.table_edits.free_all(self.slots)
         for key in self.unfinished.take_back():
             slot = self.snapshots.pop(key, None)
             if slot is not None:
@@ -78,6 +82,7 @@ class StateSlotManager:
         """Give a sequence a slot, started from the longest snapshotted prefix. Returns tokens already computed."""
         slot = self._take_slot()
         self.slots[seq_id] = slot
+        self.table_edits.write(seq_id, 0, (slot,))
         found, snapshot = 0, None
         if self.enable_prefix_caching:
             self.prefix_queries += len(token_ids)
@@ -130,6 +135,7 @@ class StateSlotManager:
         slot = self._take_slot()
         self.ops.append(CacheOp("copy", (self.slots[parent_id],), (slot,)))
         self.slots[child_id] = slot
+        self.table_edits.write(child_id, 0, (slot,))
         if parent_id in self.keyed:
             self.keyed[child_id] = self.keyed[parent_id]
 
@@ -138,3 +144,4 @@ class StateSlotManager:
         slot = self.slots.pop(seq_id, None)
         if slot is not None:
             self.free_slots.append(slot)
+            self.table_edits.free(seq_id)
