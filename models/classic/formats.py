@@ -1,0 +1,62 @@
+"""The classic formats Quill reads, and what each turns into.
+
+A format is a `ClassicFormat`: `detect(path)` says whether a file or directory is one of its checkpoints
+(by file names and a cheap look inside, never by unpickling anything but through `restricted_pickle`), and
+`convert(path, vocab)` reads it into a `Converted`: a Quill model with its weights, its tokenizer and the
+metadata worth keeping. `vocab` is a vocabulary file or data directory given apart from the model, for
+formats that do not keep theirs beside it; None looks beside the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from models.errors import CheckpointError
+from models.tokenizer import Tokenizer
+
+
+@dataclass
+class Converted:
+    architecture: str  # a key of models.registry.ARCHITECTURES
+    model: nn.Module  # on the CPU, float32, its weights read from the original file
+    tokenizer: Tokenizer
+    metadata: dict = field(default_factory=dict)  # "source_format" and whatever the original said of itself
+
+
+@dataclass(frozen=True)
+class ClassicFormat:
+    name: str  # as the user names it: "word_language_model", "awd_lstm", "fconv_lm"
+    detect: Callable[[Path], bool]
+    convert: Callable[[Path, Path | None], Converted]
+
+
+FORMATS: list[ClassicFormat] = []  # each format module appends its own (see load order at the bottom)
+
+
+def find_format(path: Path) -> ClassicFormat | None:
+    return next((f for f in FORMATS if f.detect(path)), None)
+
+
+def convert(path: str | Path, vocab: str | Path | None = None, format_name: str | None = None) -> Converted:
+    """Read a classic checkpoint (its format detected, or named) into a Quill model and tokenizer."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(path, "no such file or directory")
+    if format_name is not None:
+        chosen = next((f for f in FORMATS if f.name == format_name), None)
+        if chosen is None:
+            raise ValueError(f"unknown format {format_name!r} (known: {', '.join(f.name for f in FORMATS)})")
+    else:
+        chosen = find_format(path)
+        if chosen is None:
+            raise CheckpointError(path, "not a checkpoint of a known format "
+                                        f"(Quill, Hugging Face, {', '.join(f.name for f in FORMATS)})")
+    with torch.device("cpu"):
+        converted = chosen.convert(path, None if vocab is None else Path(vocab))
+    converted.metadata.setdefault("source_format", chosen.name)
+    return converted

@@ -1,0 +1,63 @@
+"""Reading pickled checkpoints without running their code.
+
+`torch.load(weights_only=True)` only rebuilds tensors and plain containers; every other class a file
+names must be on an allow-list. The toolkits' files name their own classes (`model.RNNModel`,
+`argparse.Namespace`, torch.nn modules): each allowed name is rebuilt as a `PickledObject`, an inert
+record of the name and the attributes the file stored, so the user's code (and ours) is never imported
+or called. A file naming anything else is refused with that name.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from models.errors import CheckpointError
+
+_REFUSED = re.compile(r"GLOBAL ([\w.]+)")  # how torch's weights-only unpickler names a class it refused
+
+
+class PickledObject:
+    """An instance of an allowed class, as stored: its attributes, never its behaviour."""
+
+    qualified_name = "?"
+
+    def __setstate__(self, state) -> None:
+        if isinstance(state, tuple) and len(state) == 2:  # (__dict__, __slots__ values)
+            state = {**(state[0] or {}), **(state[1] or {})}
+        if not isinstance(state, dict):
+            raise pickle.UnpicklingError(f"{self.qualified_name}: stored state is not a dict of attributes")
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"<pickled {self.qualified_name}>"
+
+
+def _stand_in(qualified_name: str) -> tuple[type, str]:
+    name = qualified_name.rsplit(".", 1)[-1]
+    return type(name, (PickledObject,), {"qualified_name": qualified_name}), qualified_name
+
+
+def load_restricted(path: str | Path, allowed: Iterable[str] = ()) -> object:
+    """The object pickled in `path` (a torch.save file), each class in `allowed` ("module.Name") rebuilt as
+    a `PickledObject`; a file naming another class is refused with a CheckpointError naming it."""
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals([_stand_in(name) for name in allowed]):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        wanted = _REFUSED.search(str(e))
+        what = f"class {wanted.group(1)}" if wanted else str(e).splitlines()[0]
+        raise CheckpointError(path, f"the file needs {what}, which Quill does not unpickle "
+                                    f"(allowed: {', '.join(allowed) or 'tensors and plain containers'})") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(path, f"not a readable PyTorch file ({str(e).splitlines()[0]})") from None
+
+
+def attributes(obj: object) -> dict:
+    """The stored attributes of a `PickledObject` (or a plain dict / argparse-like record)."""
+    return obj if isinstance(obj, dict) else vars(obj)
