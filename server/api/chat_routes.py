@@ -44,7 +44,7 @@ ROLE = "assistant"
 
 
 @dataclass
-class _Plan:
+class _AcceptedChat:
     """A request that passed every check: what to submit, and how to answer it."""
 
     hosted: HostedModel
@@ -77,7 +77,7 @@ def _check_unsupported(request: ChatCompletionRequest) -> None:
         raise invalid("only response_format {\"type\": \"text\"} is supported", "response_format")
 
 
-def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: HostedModel) -> _Plan:
+def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: HostedModel) -> _AcceptedChat:
     """Everything checked before anything is submitted (and so before the first byte of a stream)."""
     _check_unsupported(request)
     max_tokens, max_param = request.max_tokens, "max_tokens"
@@ -103,7 +103,7 @@ def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: Host
     params = request.to_sampling_params(hosted, max_tokens)
     check_context(hosted, len(prompt.ids), max_tokens, param=max_param)  # after the settings, as for completions
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return _Plan(hosted, prompt, params, request.logprobs, include_usage)
+    return _AcceptedChat(hosted, prompt, params, request.logprobs, include_usage)
 
 
 class _Logprobs:
@@ -141,17 +141,14 @@ async def create_chat_completion(request: ChatCompletionRequest, http: Request):
     return await until_disconnected(http, _complete(plan, stream, tracker))
 
 
-def _usage(plan: _Plan, num_generated: int) -> dict:
+def _usage(plan: _AcceptedChat, num_generated: int) -> dict:
     num_prompt = len(plan.prompt.ids)
     return {"prompt_tokens": num_prompt, "completion_tokens": num_generated, "total_tokens": num_prompt + num_generated}
 
 
-async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker) -> dict:
+async def _complete(plan: _AcceptedChat, stream: RequestStream, tracker: RequestTracker) -> dict:
     try:
         out = await final_output(stream, tracker.observe)
-        for c in out.outputs:
-            if c.finish_reason in ("abort", "error"):
-                raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
     except APIError as e:
         tracker.done(e.status)
         raise
@@ -177,7 +174,7 @@ def _error_event(message: str) -> bytes:
                       "error_type": "generation"})
 
 
-async def _chunks(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
+async def _chunks(plan: _AcceptedChat, stream: RequestStream, tracker: RequestTracker):
     """A first chunk per choice with the role, then content deltas (with their logprobs), the finish
     reason with the last; usage in a chunk of its own when asked; then [DONE]."""
     logprobs = _Logprobs(plan.hosted, plan.prompt.ids)
@@ -194,8 +191,6 @@ async def _chunks(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
             yield chunk(index, {"role": ROLE, "content": ""})
         async for out in checked(tracker.follow(stream)):
             for c in out.outputs:
-                if c.finish_reason in ("abort", "error"):
-                    raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
                 ends = c.finish_reason is not None
                 entries = logprobs.content(c.index, c.token_ids, c.logprobs, ends) if plan.logprobs else None
                 if c.text or c.finish_reason or entries:

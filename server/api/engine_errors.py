@@ -34,8 +34,7 @@ async def checked(outputs: AsyncGenerator[RequestOutput, None]) -> AsyncIterator
     However this ends, `outputs` is closed (closing a request's stream aborts the request if unfinished)."""
     try:
         async for out in outputs:
-            if out.error:
-                raise APIError(500, out.error, reason="engine_error")
+            raise_if_failed(out)
             yield out
     except ENGINE_ERRORS as e:
         raise engine_error(e) from None
@@ -52,6 +51,11 @@ async def final_output(stream: RequestStream, observe: Callable[[RequestOutput],
         raise engine_error(e) from None
     finally:
         stream.close()
-    if out.error:
-        raise APIError(500, out.error, reason="engine_error")
+    raise_if_failed(out)
     return out
+
+
+def raise_if_failed(out: RequestOutput) -> None:
+    """A request the engine failed ends with `error` set and its completions' finish reason "error"."""
+    if out.error or any(c.finish_reason == "error" for c in out.outputs):
+        raise APIError(500, out.error or "generation failed", reason="engine_error")

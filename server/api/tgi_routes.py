@@ -49,7 +49,7 @@ SEED_BITS = 63  # seeds the server picks stay clear of SEED_MAX: output i is see
 
 
 @dataclass
-class _Plan:
+class _AcceptedGenerate:
     """A request that passed every check: what to submit, and how to answer it."""
 
     hosted: HostedModel
@@ -122,7 +122,7 @@ def _check_beams(p: GenerateParameters) -> None:
             raise invalid(f"{name} cannot be combined with beam search (num_beams > 1)", name.split("/")[0])
 
 
-def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedModel, stream: bool) -> _Plan:
+def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedModel, stream: bool) -> _AcceptedGenerate:
     """Everything checked before anything is submitted (and so before the first byte of a stream)."""
     p = request.parameters
     _check_supported(p)
@@ -144,11 +144,11 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
     if p.is_sampling:
         seed = p.seed if p.seed is not None else random.getrandbits(SEED_BITS)
     params = p.to_sampling_params(hosted, max_new_tokens, seed, stream)
-    return _Plan(hosted, request.inputs, prompt_ids, params, seed, p.details or p.decoder_input_details,
+    return _AcceptedGenerate(hosted, request.inputs, prompt_ids, params, seed, p.details or p.decoder_input_details,
                  p.decoder_input_details, p.top_n_tokens or 0, bool(p.return_full_text))
 
 
-def _start(request: GenerateRequest, http: Request, stream: bool) -> tuple[_Plan, RequestStream, RequestTracker]:
+def _start(request: GenerateRequest, http: Request, stream: bool) -> tuple[_AcceptedGenerate, RequestStream, RequestTracker]:
     state = http.app.state
     hosted = resolve_model(http, request.model)
     plan = _validate(request, state.config, hosted, stream)
@@ -214,12 +214,9 @@ async def generate(request: GenerateRequest, http: Request):
     return await until_disconnected(http, _complete(plan, stream, tracker))
 
 
-async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker) -> dict:
+async def _complete(plan: _AcceptedGenerate, stream: RequestStream, tracker: RequestTracker) -> dict:
     try:
         out = await final_output(stream, tracker.observe)
-        for c in out.outputs:
-            if c.finish_reason in ("abort", "error"):
-                raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
     except APIError as e:
         tracker.done(e.status)
         raise
@@ -244,7 +241,7 @@ async def _complete(plan: _Plan, stream: RequestStream, tracker: RequestTracker)
     return body
 
 
-def _prefill(plan: _Plan, tokens: _Tokens, entries: list[TokenLogprob | None] | None) -> list[dict]:
+def _prefill(plan: _AcceptedGenerate, tokens: _Tokens, entries: list[TokenLogprob | None] | None) -> list[dict]:
     if not plan.decoder_input_details:
         return []
     prefill = []
@@ -255,7 +252,7 @@ def _prefill(plan: _Plan, tokens: _Tokens, entries: list[TokenLogprob | None] | 
     return prefill
 
 
-def _details(plan: _Plan, tokens: _Tokens, seq: CompletionOutput, prefill: list[dict]) -> dict:
+def _details(plan: _AcceptedGenerate, tokens: _Tokens, seq: CompletionOutput, prefill: list[dict]) -> dict:
     decoder = tokens.decoder()
     entries = _padded(seq.logprobs, len(seq.token_ids))
     last = len(seq.token_ids) - 1
@@ -285,7 +282,7 @@ def _error_event(message: str, error_type: str = "generation") -> bytes:
     return sse_event({"error": message, "error_type": error_type})
 
 
-async def _events(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
+async def _events(plan: _AcceptedGenerate, stream: RequestStream, tracker: RequestTracker):
     """One event per token; the last token's event carries generated_text (and details when asked)."""
     tokens = _Tokens(plan.hosted, plan.prompt_ids)
     decoder = tokens.decoder()
@@ -324,7 +321,7 @@ async def _events(plan: _Plan, stream: RequestStream, tracker: RequestTracker):
         stream.close()
 
 
-def _final(plan: _Plan, tokens: _Tokens, engine_reason: str, token_ids: list[int]) -> dict:
+def _final(plan: _AcceptedGenerate, tokens: _Tokens, engine_reason: str, token_ids: list[int]) -> dict:
     """What the last token's event adds: the whole text, and TGI's StreamDetails when asked."""
     final = {"generated_text": (plan.inputs if plan.return_full_text else "") + tokens.text(token_ids)}
     if plan.details:

@@ -210,7 +210,7 @@ class EngineCore:
         if self._in_flight is not None:
             return self._overlapped_step()
         batch = self.scheduler.schedule()
-        outputs = [self._finish(g, self.outputs.failed(g, "the request needs more cache than the server reserved"))
+        outputs = [self._retire(g, self.outputs.failed(g, "the request needs more cache than the server reserved"))
                    for g in batch.failed]
         self.last_step = StepStats(len(batch.work), batch.num_tokens, batch.num_preemptions)
         if self.config.async_scheduling and can_overlap(batch):
@@ -267,7 +267,7 @@ class EngineCore:
             for seq in finished:
                 self.cache.free(seq.seq_id)
             if out is not None:
-                outputs.append(self._finish(group, out) if out.finished else out)
+                outputs.append(self._retire(group, out) if out.finished else out)
         return outputs
 
     def _fork(self, group: SequenceGroup) -> None:
@@ -309,7 +309,7 @@ class EngineCore:
                 self.cache.free(seq.seq_id)
             group.seqs = []
 
-    def _finish(self, group: SequenceGroup, out: RequestOutput) -> RequestOutput:
+    def _retire(self, group: SequenceGroup, out: RequestOutput) -> RequestOutput:
         self.groups.pop(group.request_id, None)
         self.scheduler.remove(group)
         return out

@@ -9,8 +9,14 @@ garbage collector does not track them (`gc=False`): a step makes one of each per
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import msgspec
+
+
+# Every reason the engine ends a sequence with: EOS or a stop string or token, max_tokens (or the model's
+# length), or a failed step. An aborted request gets no further output, so it has no reason of its own.
+FinishReason = Literal["stop", "length", "error"]
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -24,7 +30,7 @@ class CompletionOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     text: str  # new text since the previous output of this request
     token_ids: list[int]  # new tokens since the previous output
     logprobs: list[TokenLogprob] | None = None  # one per new token, when asked for
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: FinishReason | None = None
     cumulative_logprob: float = 0.0
     score: float | None = None  # beam search: the length-penalised score
 

@@ -166,15 +166,15 @@ class ModelRunner:
         apply_cache_ops(self.state, batch.cache_ops)
         if batch.admitted:
             self.sampling.write([g.slot for g in batch.admitted], [g.params for g in batch.admitted])
-        packed, plan = self._pack(batch.work)
+        packed, logit_rows = self._pack(batch.work)
         if inputs_from is not None:
             packed.token_source = self._token_source(batch, inputs_from)
         size = choose_bucket(packed.query_lens, self.graph_sizes)
         if size is None:
-            logits = self.model.step(self._step_batch(packed), self.state)  # (rows of plan, V)
+            logits = self.model.step(self._step_batch(packed), self.state)  # (logit rows, V)
         else:
             logits = self._replay(packed, size)
-        return self._finish(batch, logits, plan)
+        return self._read_out(batch, logits, logit_rows)
 
     def _token_source(self, batch: ScheduledBatch, previous: PendingStep) -> torch.Tensor:
         """(rows,) the input token of each of `batch`'s sequences, picked from the previous step's sampled ids."""
@@ -221,7 +221,7 @@ class ModelRunner:
         self._upload(self.table_rows, pad_rows(packed.table_rows, size, self.table.padding_row))
 
     def _replay(self, packed: "_Packed", size: int) -> torch.Tensor:
-        """The logits rows of the plan, from the bucket's graph; padding rows' logits are never read."""
+        """The step's logit rows, from the bucket's graph; padding rows' logits are never read."""
         self._fill_bucket(packed, size)
         logits = self.graphs[size]()  # (size, V): a row per sequence
         rows = packed.rows
@@ -238,9 +238,9 @@ class ModelRunner:
         view.copy_(torch.tensor(values, dtype=buffer.dtype), non_blocking=True)
         return view
 
-    def _pack(self, work: list[tuple[Sequence, int]]) -> tuple["_Packed", "_Plan"]:
+    def _pack(self, work: list[tuple[Sequence, int]]) -> tuple["_Packed", "_LogitRows"]:
         """The step's inputs as host lists, and which logits rows serve what."""
-        plan = _Plan()
+        logit_rows = _LogitRows()
         packed = _Packed()
         tokens, positions, rows, table_rows = packed.tokens, packed.positions, packed.rows, packed.table_rows
         row_of = self.table.row_of
@@ -263,7 +263,7 @@ class ModelRunner:
             if group.params.prompt_logprobs is not None and not group.is_forked:
                 count = min(n, seq.num_prompt_tokens - 1 - start)  # rows predicting prompt tokens
                 if count > 0:
-                    plan.scored.append((seq, len(rows), start, count))
+                    logit_rows.scored.append((seq, len(rows), start, count))
                 rows.extend(range(offset, offset + n))
                 last_row = len(rows) - 1
             elif completes:
@@ -271,13 +271,13 @@ class ModelRunner:
                 rows.append(offset + n - 1)
             if completes:
                 if group.params.use_beam_search:
-                    plan.beam_rows.setdefault(group, {})[seq] = last_row
+                    logit_rows.beam_rows.setdefault(group, {})[seq] = last_row
                 else:
-                    plan.sampled.append((seq, last_row))
+                    logit_rows.sampled.append((seq, last_row))
             offset += n
         packed.query_lens = [n for _, n in work]
         packed.longest = longest
-        return packed, plan
+        return packed, logit_rows
 
     def _step_batch(self, packed: "_Packed") -> StepBatch:
         """An eager step's input: the fronts of the persistent buffers, block tables as wide as the longest
@@ -301,22 +301,22 @@ class ModelRunner:
         else:
             step.slots = self.table.gather(rows, 1).view(-1)
 
-    def _finish(self, batch: ScheduledBatch, logits: torch.Tensor, plan: "_Plan") -> PendingStep:
+    def _read_out(self, batch: ScheduledBatch, logits: torch.Tensor, logit_rows: "_LogitRows") -> PendingStep:
         transfer = _Transfer()
-        sampled = self._sample(logits, plan, transfer)
-        beams = self._rank_beams(logits, plan, transfer)
-        scored = self._score_prompts(logits, plan, transfer)
+        sampled = self._sample(logits, logit_rows, transfer)
+        beams = self._rank_beams(logits, logit_rows, transfer)
+        scored = self._score_prompts(logits, logit_rows, transfer)
         arrival = transfer.start()  # the step's one device-to-host copy
-        ids = transfer.parts[0] if plan.sampled else None  # `_sample` queues its token ids first
-        return PendingStep(batch, [seq for seq, _ in plan.sampled], ids, arrival,
+        ids = transfer.parts[0] if logit_rows.sampled else None  # `_sample` queues its token ids first
+        return PendingStep(batch, [seq for seq, _ in logit_rows.sampled], ids, arrival,
                            lambda host: StepResult(sampled(host), beams(host), scored(host)))
 
     # ---- sampling ------------------------------------------------------------------------
 
-    def _sample(self, logits: torch.Tensor, plan: "_Plan", transfer: _Transfer):
+    def _sample(self, logits: torch.Tensor, logit_rows: "_LogitRows", transfer: _Transfer):
         rows, slots, params, generators, owners = [], [], [], [], []
         needs_tokens = False
-        for seq, row in plan.sampled:
+        for seq, row in logit_rows.sampled:
             group = seq.group
             p = group.params
             # A prompt that just completed samples the first token of each of its n outputs.
@@ -372,9 +372,9 @@ class ModelRunner:
 
         return result
 
-    def _rank_beams(self, logits: torch.Tensor, plan: "_Plan", transfer: _Transfer):
+    def _rank_beams(self, logits: torch.Tensor, logit_rows: "_LogitRows", transfer: _Transfer):
         requests, groups = [], []
-        for group, rows_of in plan.beam_rows.items():
+        for group, rows_of in logit_rows.beam_rows.items():
             if len(rows_of) != len(group.seqs):
                 raise RuntimeError(f"beam request {group.request_id}: only some beams were computed this step")
             beam = group.beam
@@ -397,11 +397,11 @@ class ModelRunner:
 
         return result
 
-    def _score_prompts(self, logits: torch.Tensor, plan: "_Plan", transfer: _Transfer):
-        if not plan.scored:
+    def _score_prompts(self, logits: torch.Tensor, logit_rows: "_LogitRows", transfer: _Transfer):
+        if not logit_rows.scored:
             return lambda host: []
         queued = []
-        for seq, first_row, first_pos, count in plan.scored:
+        for seq, first_row, first_pos, count in logit_rows.scored:
             scored = prompt_logprobs(logits[first_row : first_row + count],
                                      seq.token_ids[first_pos : first_pos + count + 1], seq.group.params.prompt_logprobs)
             top = None
@@ -439,7 +439,7 @@ class _Packed:
 
 
 @dataclass
-class _Plan:
+class _LogitRows:
     """Which logits rows of the step serve what."""
 
     sampled: list[tuple[Sequence, int]] = field(default_factory=list)  # sequence, its next-token row

@@ -75,3 +75,25 @@ async def test_leaving_early_closes_the_stream():
         break
     await stream.aclose()
     assert outputs.closed
+
+
+async def test_a_completion_the_engine_failed_ends_the_stream_even_without_an_error_message():
+    failed = RequestOutput("r", [CompletionOutput(0, "", [], None, "error")], True, 1)
+    outputs = Outputs([output("a"), failed])
+    seen = []
+    with pytest.raises(APIError) as raised:
+        async for out in checked(outputs.play()):
+            seen.append(out)
+    assert len(seen) == 1 and raised.value.status == 500 and raised.value.reason == "engine_error"
+    assert outputs.closed
+
+
+def test_finish_reasons_are_only_those_the_engine_emits():
+    """An aborted request gets no further output, so no route has an "abort" reason to check for."""
+    import msgspec
+
+    encoded = msgspec.msgpack.encode(CompletionOutput(0, "", [], None, "stop"))
+    assert msgspec.msgpack.decode(encoded, type=CompletionOutput).finish_reason == "stop"
+    bogus = encoded.replace(b"stop", b"xxxx")
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(bogus, type=CompletionOutput)
