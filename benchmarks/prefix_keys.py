@@ -54,27 +54,20 @@ def keyed_blake2b_keys(token_ids: list[int], block_size: int, secret: bytes) -> 
 def ns_per_block(make_keys: Callable[[], list], num_blocks: int, runs: int, lookup: bool) -> float:
     """Median over `runs` of the time to key (and look up) every block, per block."""
     table = dict.fromkeys(make_keys())
-    repeats, samples = 1, []
-    while True:  # enough repeats per run that one run lasts >= 20 ms
+
+    def timed(repeats: int) -> float:
         start = time.perf_counter()
         for _ in range(repeats):
             keys = make_keys()
             if lookup:
                 for key in keys:
                     table[key]
-        elapsed = time.perf_counter() - start
-        if elapsed >= 0.02:
-            break
+        return time.perf_counter() - start
+
+    repeats = 1
+    while (first := timed(repeats)) < 0.02:  # enough repeats per run that one run lasts >= 20 ms
         repeats *= 2
-    samples.append(elapsed)
-    for _ in range(runs - 1):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            keys = make_keys()
-            if lookup:
-                for key in keys:
-                    table[key]
-        samples.append(time.perf_counter() - start)
+    samples = [first] + [timed(repeats) for _ in range(runs - 1)]
     return 1e9 * statistics.median(samples) / (repeats * num_blocks)
 
 

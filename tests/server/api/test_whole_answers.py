@@ -4,7 +4,6 @@ answer is the one a single output holding all of them gets."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from server.api.app import create_app
@@ -22,13 +21,6 @@ def app(tiny_checkpoints):
     host.start()
     yield create_app(host, config)
     host.shutdown()
-
-
-@pytest.fixture
-async def client(app):
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://quill.test",
-                                 timeout=30) as c:
-        yield c
 
 
 class ScriptedStream:
