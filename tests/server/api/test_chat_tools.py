@@ -1,0 +1,184 @@
+"""Tools on /v1/chat/completions in process, read by the real openai client: scripted answers in each
+family's call format, cut at every point and streamed, assemble into the calls of the plain answer, with
+no markup in the content and finish_reason "tool_calls"; the prompt with tools and a history of calls is
+transformers'; every bad tools or tool_choice is a 400 naming the problem."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+import transformers
+from openai.lib.streaming.chat import ChatCompletionStreamState
+
+from server.api.app import create_app
+from server.api.chat_tools import answer_format
+from server.config import ServerConfig
+from server.engine.outputs import CompletionOutput, RequestOutput
+from server.hosting import ModelHost
+from tests.hub_checkpoints import MISTRAL_TOOLS_TEMPLATE
+from tests.models.test_chat_template import TOOL_CHAT, TOOLS
+from tests.server.api.test_whole_answers import ScriptedStream
+
+HUB = {"llama": "quill-test/tiny-llama-chat", "qwen": "quill-test/tiny-qwen3", "mistral": "quill-test/tiny-mistral"}
+ASK = [{"role": "user", "content": "Weather in Elsinore?"}]
+WEATHER, TIME = {"city": "Elsinore"}, {}
+
+# model -> (its answer, the content beside the calls, the calls as (name, arguments))
+ANSWERS = {
+    "qwen": ('Looking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Elsinore"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', "Looking.\n",
+             [("get_weather", WEATHER), ("get_time", TIME)]),
+    "llama": ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Elsinore"}}', None,
+              [("get_weather", WEATHER)]),
+    "mistral": ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Elsinore"}}, '
+                '{"name": "get_time", "arguments": {}}]', None, [("get_weather", WEATHER), ("get_time", TIME)]),
+    "mistral-v11": ('[TOOL_CALLS]get_weather[ARGS]{"city": "Elsinore"}', None, [("get_weather", WEATHER)]),
+}
+MARKUP = ("<tool_call>", "</tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]")
+
+
+@pytest.fixture(scope="module")
+def app(hub_cache, tmp_path_factory):
+    template = tmp_path_factory.mktemp("templates") / "mistral.jinja"
+    template.write_text(MISTRAL_TOOLS_TEMPLATE)
+    checkpoints = hub_cache[1]
+    config = ServerConfig(models=[f"{name}={checkpoints[repo].path}" for name, repo in HUB.items()]
+                          + ["shakespeare=shakespeare-transformer"],
+                          chat_templates=[f"mistral={template}"], device="cpu", dtype="float32",
+                          cache_bytes=4 * 2**20, block_size=4, max_tokens_limit=64)
+    host = ModelHost.load(config)
+    for hosted in host.models.values():  # every answer here is scripted: prompts with tools may pass the tiny context
+        hosted.max_model_len = 4096
+    host.start()
+    yield create_app(host, config)
+    host.shutdown()
+
+
+@pytest.fixture
+async def oai(app):
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://quill.test") as http:
+        yield openai.AsyncOpenAI(base_url="http://quill.test/v1", api_key="unused", http_client=http, max_retries=0)
+
+
+def scripted(app, monkeypatch, model: str, pieces: list[str]) -> list:
+    """The engine of `model` answers `pieces`, one output each; returns the (prompt ids, params) submitted."""
+    outputs = [RequestOutput("r", [CompletionOutput(0, piece, [5], None, "stop" if i == len(pieces) - 1 else None)],
+                             i == len(pieces) - 1, 3) for i, piece in enumerate(pieces)]
+    submitted = []
+
+    def submit(prompt_ids, params, request_id):
+        submitted.append((prompt_ids, params))
+        return ScriptedStream(outputs)
+
+    monkeypatch.setattr(app.state.host.get(model).engine, "submit", submit)
+    return submitted
+
+
+def calls_of(message) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+
+
+async def streamed(oai, model: str):
+    state, contents = ChatCompletionStreamState(), []
+    async for chunk in await oai.chat.completions.create(model=model, messages=ASK, tools=TOOLS, stream=True):
+        state.handle_chunk(chunk)
+        contents += [c.delta.content for c in chunk.choices if c.delta.content]
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or []:  # a call opens with its id, type and name, arguments ""
+                assert (call.id is not None) == (call.function.name is not None)
+                if call.id is not None:
+                    assert call.type == "function" and call.function.arguments == ""
+    assert not any(m in text for text in contents for m in MARKUP)
+    return state.get_final_completion()
+
+
+@pytest.mark.parametrize("case", list(ANSWERS))
+async def test_calls_stream_into_the_plain_answers_calls_wherever_the_answer_is_cut(app, oai, monkeypatch, case):
+    model = case.split("-")[0]
+    answer, content, calls = ANSWERS[case]
+    scripted(app, monkeypatch, model, [answer])
+    plain = await oai.chat.completions.create(model=model, messages=ASK, tools=TOOLS)
+    (choice,) = plain.choices
+    assert (choice.message.content, calls_of(choice.message), choice.finish_reason) == (content, calls, "tool_calls")
+    assert all(c.id.startswith("chatcmpl-tool-") and c.type == "function" for c in choice.message.tool_calls)
+    for pieces in [[answer[:cut], answer[cut:]] for cut in range(len(answer) + 1)] + [list(answer)]:
+        scripted(app, monkeypatch, model, pieces)
+        (choice,) = (await streamed(oai, model)).choices
+        assert ((choice.message.content or None), calls_of(choice.message), choice.finish_reason) == \
+            (content, calls, "tool_calls"), pieces
+
+
+async def test_an_answer_without_calls_is_plain_content_and_tool_choice_none_reads_no_calls(app, oai, monkeypatch):
+    scripted(app, monkeypatch, "qwen", ["It is cold in <Elsinore>."])
+    done = await oai.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS)
+    assert (done.choices[0].message.content, done.choices[0].message.tool_calls) == ("It is cold in <Elsinore>.", None)
+    assert done.choices[0].finish_reason == "stop"
+    answer = ANSWERS["qwen"][0]
+    scripted(app, monkeypatch, "qwen", [answer])
+    done = await oai.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS, tool_choice="none")
+    assert (done.choices[0].message.content, done.choices[0].finish_reason) == (answer, "stop")
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen"])
+async def test_the_prompt_with_tools_and_a_history_of_calls_is_transformers(app, oai, monkeypatch, hub_cache, model):
+    auto = transformers.AutoTokenizer.from_pretrained(hub_cache[1][HUB[model]].path)
+    # As a client sends the history back: the calls' arguments as JSON strings, content null beside them.
+    messages = [{**m, "content": None, "tool_calls": [
+        {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])
+                           if isinstance(c["function"]["arguments"], dict) else c["function"]["arguments"]}}
+        for c in m["tool_calls"]]} if "tool_calls" in m else m for m in TOOL_CHAT]
+    expected = auto.apply_chat_template([{k: v for k, v in m.items() if v is not None} for m in messages],
+                                        tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False)
+    submitted = scripted(app, monkeypatch, model, ["Cold."])
+    await oai.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=1)
+    ((prompt_ids, params),) = submitted
+    assert prompt_ids == list(expected)
+    assert params.skip_special_tokens == (model == "qwen")  # <|python_tag|> is special: Llama's answers keep it
+
+
+def test_each_models_call_format_is_found_from_its_template(app):
+    host = app.state.host
+    assert {name: answer_format(host.get(name), None).name for name in HUB} == \
+        {"llama": "llama3_json", "qwen": "hermes", "mistral": "mistral"}
+    assert answer_format(host.get("shakespeare"), None) is None
+    assert answer_format(host.get("shakespeare"), "hermes").name == "hermes"
+
+
+def tool(name="get_weather", **function):
+    return {"type": "function", "function": {"name": name, **function}}
+
+
+BAD = [
+    (dict(tools=[{**tool(), "type": "retrieval"}]), "tools.0.type", "must be \"function\""),
+    (dict(tools=[tool("get weather")]), "tools.0.function.name", "letters, digits"),
+    (dict(tools=[tool(), tool()]), "tools.1.function.name", "given twice"),
+    (dict(tools=[tool(parameters={"type": "array"})]), "tools.0.function.parameters", "JSON schema of an object"),
+    (dict(tools=[tool(parameters=[1])]), "tools.0.function.parameters", None),
+    (dict(tools=[tool(paramters={})]), "tools.0.function.paramters", "Unrecognized"),
+    (dict(tools=[{"type": "function"}]), "tools.0.function", None),
+    (dict(tools=[tool()], tool_choice="sometimes"), "tool_choice", "must be one of"),
+    (dict(tools=[tool()], tool_choice={"type": "function", "function": {"name": "get_tide"}}),
+     "tool_choice.function.name", "'get_tide', which is not among the tools (get_weather)"),
+    (dict(tool_choice={"type": "function", "function": {"name": "get_tide"}}), "tool_choice.function.name",
+     "none are given"),
+    (dict(tools=[tool()], tool_choice={"type": "retrieval", "function": {"name": "get_weather"}}),
+     "tool_choice.type", None),
+    (dict(tool_choice="required"), "tool_choice", "needs tools"),
+    (dict(tools=[tool()], tool_choice="required"), "tool_choice", "constrained decoding"),
+    (dict(tools=[tool()], tool_choice={"type": "function", "function": {"name": "get_weather"}}), "tool_choice",
+     "constrained decoding"),
+    (dict(model="shakespeare", tools=[tool()]), "tools", "does not support tools"),
+]
+
+
+@pytest.mark.parametrize("body, param, words", BAD, ids=[f"{p}-{i}" for i, (_, p, _) in enumerate(BAD)])
+async def test_bad_tools_and_tool_choice_are_400s_naming_the_problem(oai, body, param, words):
+    with pytest.raises(openai.BadRequestError) as info:
+        await oai.chat.completions.create(**{"model": "qwen", "messages": ASK, **body})
+    error = info.value.body
+    assert error["param"] == param or (words is None and error["param"].startswith(param))
+    if words:
+        assert words in error["message"]
