@@ -53,7 +53,8 @@ def render_chat(hosted: HostedModel, options: ChatTemplateOptions, add_special_t
     """The prompt `options.messages` make for `hosted`, tokenized as transformers does after a template:
     without special tokens (the template writes BOS itself) unless asked. `tools`: OpenAI's tool objects,
     which the template reads as `tools`."""
-    if hosted.chat_template is None:
+    template = hosted.template_for(tools is not None)
+    if template is None:
         raise APIError(400, hosted.no_chat_reason, param="model", code="no_chat_template", reason="invalid_request")
     if not options.messages:
         raise invalid("messages must hold at least one message", "messages")
@@ -72,7 +73,7 @@ def render_chat(hosted: HostedModel, options: ChatTemplateOptions, add_special_t
     if tools is not None:
         kwargs["tools"] = tools
     try:
-        text = hosted.chat_template.render(messages, add_generation_prompt, continue_final, **kwargs)
+        text = template.render(messages, add_generation_prompt, continue_final, **kwargs)
     except ChatTemplateError as e:
         raise invalid(str(e), "messages") from None
     try:

@@ -74,7 +74,8 @@ def answer_format(hosted: HostedModel, parser: str | None) -> ToolCallFormat | N
     """How `hosted`'s model writes calls: --tool-call-parser's format, else the one its template teaches."""
     if parser is not None:
         return tool_call_format(parser)
-    source = hosted.chat_template.source if hosted.chat_template is not None else None
+    template = hosted.template_for(tools=True)
+    source = template.source if template is not None else None
     vocabulary = {TOOL_CALLS} if hosted.tokenizer.token_to_id(TOOL_CALLS) is not None else set()
     name = detect_format(source, vocabulary)
     return None if name is None else tool_call_format(name)
@@ -84,7 +85,7 @@ def plan_tools(request: ChatCompletionRequest, hosted: HostedModel, parser: str 
     tools = _check_tools(request)
     names = [t["function"]["name"] for t in tools]
     choice, named = _choice(request, names)
-    template = hosted.chat_template
+    template = hosted.template_for(bool(tools))
     if tools and choice != "none" and template is not None and not template.reads_tools:
         raise invalid(f"the chat template of the model {hosted.name!r} does not support tools: it never shows "
                       "them to the model; leave tools out, or give a template that reads them with --chat-template",

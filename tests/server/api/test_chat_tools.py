@@ -22,7 +22,8 @@ from tests.hub_checkpoints import MISTRAL_TOOLS_TEMPLATE
 from tests.models.test_chat_template import TOOL_CHAT, TOOLS
 from tests.server.api.test_whole_answers import ScriptedStream
 
-HUB = {"llama": "quill-test/tiny-llama-chat", "qwen": "quill-test/tiny-qwen3", "mistral": "quill-test/tiny-mistral"}
+HUB = {"llama": "quill-test/tiny-llama-chat", "qwen": "quill-test/tiny-qwen3", "mistral": "quill-test/tiny-mistral",
+       "phi3": "quill-test/tiny-phi3"}  # phi3: a "tool_use" template beside its default one, in no known call format
 ASK = [{"role": "user", "content": "Weather in Elsinore?"}]
 WEATHER, TIME = {"city": "Elsinore"}, {}
 
@@ -141,10 +142,25 @@ async def test_the_prompt_with_tools_and_a_history_of_calls_is_transformers(app,
 
 def test_each_models_call_format_is_found_from_its_template(app):
     host = app.state.host
-    assert {name: answer_format(host.get(name), None).name for name in HUB} == \
+    assert {name: answer_format(host.get(name), None).name for name in HUB if name != "phi3"} == \
         {"llama": "llama3_json", "qwen": "hermes", "mistral": "mistral"}
+    assert answer_format(host.get("phi3"), None) is None
     assert answer_format(host.get("shakespeare"), None) is None
     assert answer_format(host.get("shakespeare"), "hermes").name == "hermes"
+
+
+async def test_given_tools_a_checkpoints_tool_use_template_renders_the_prompt_as_in_transformers(
+        app, oai, monkeypatch, hub_cache):
+    auto = transformers.AutoTokenizer.from_pretrained(hub_cache[1][HUB["phi3"]].path)
+    for tools in (TOOLS, None):  # transformers picks the "tool_use" template when given tools
+        expected = auto.apply_chat_template(ASK, tools=tools, add_generation_prompt=True, tokenize=True,
+                                            return_dict=False)
+        submitted = scripted(app, monkeypatch, "phi3", ["Cold."])
+        await oai.chat.completions.create(model="phi3", messages=ASK, max_tokens=1,
+                                          **(dict(tools=tools, tool_choice="none") if tools else {}))
+        assert submitted[0][0] == list(expected)
+    with pytest.raises(openai.BadRequestError, match="--tool-call-parser"):  # auto needs to know the format
+        await oai.chat.completions.create(model="phi3", messages=ASK, tools=TOOLS)
 
 
 def tool(name="get_weather", **function):
