@@ -198,3 +198,22 @@ async def test_bad_tools_and_tool_choice_are_400s_naming_the_problem(oai, body, 
     assert error["param"] == param or (words is None and error["param"].startswith(param))
     if words:
         assert words in error["message"]
+
+
+async def test_tgi_messages_api_clients_read_the_same_calls(app, monkeypatch):
+    """huggingface_hub's types, generated from TGI's own spec, say TGI answers arguments as a JSON string too:
+    the Messages API's calls are OpenAI's."""
+    from huggingface_hub import ChatCompletionOutput, ChatCompletionStreamOutput
+
+    answer, _, calls = ANSWERS["qwen"]
+    scripted(app, monkeypatch, "qwen", [answer])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://quill.test") as http:
+        body = {"model": "qwen", "messages": ASK, "tools": TOOLS}
+        plain = ChatCompletionOutput.parse_obj_as_instance((await http.post("/v1/chat/completions", json=body)).text)
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in plain.choices[0].message.tool_calls] \
+            == calls
+        r = await http.post("/v1/chat/completions", json={**body, "stream": True})
+    events = [line.removeprefix("data: ") for line in r.text.split("\n\n") if line and line != "data: [DONE]"]
+    chunks = [ChatCompletionStreamOutput.parse_obj_as_instance(e) for e in events]
+    names = [t.function.name for c in chunks for t in c.choices[0].delta.tool_calls or [] if t.function.name]
+    assert names == [name for name, _ in calls]
