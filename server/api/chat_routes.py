@@ -34,7 +34,7 @@ from .generation import resolve_model, submit, until_disconnected
 from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
 from .token_texts import TokenTexts
-from .tool_calls import ToolCall, ToolCallStream, split_answer
+from .tool_calls import CallDelta, ToolCall, ToolCallStream, split_answer
 from .tracking import RequestTracker
 from .validation import check_context, check_max_tokens, check_sequences, invalid
 
@@ -180,28 +180,28 @@ async def _complete(plan: _AcceptedChat, stream: RequestStream, tracker: Request
 
 
 def _finish_reason(engine_reason: str | None, calls: list[ToolCall]) -> str | None:
-    return "tool_calls" if calls and engine_reason != "error" else engine_reason
+    """An answer that ended by itself with calls ends for them; one cut short keeps "length"."""
+    return "tool_calls" if calls and engine_reason == "stop" else engine_reason
 
 
 def _answer(plan: _AcceptedChat, text: str, engine_reason: str | None) -> dict:
     """One choice's message and finish reason: its calls, and the text beside them as content."""
     if plan.tools.format is None:
         return {"message": {"role": ROLE, "content": text}, "finish_reason": engine_reason}
-    answer = split_answer(plan.tools.format, text)
-    if not answer.calls:
-        return {"message": {"role": ROLE, "content": answer.content}, "finish_reason": engine_reason}
-    message = {"role": ROLE, "content": answer.content if answer.content.strip() else None,
-               "tool_calls": [call.to_openai() for call in answer.calls]}
-    return {"message": message, "finish_reason": _finish_reason(engine_reason, answer.calls)}
+    content, calls = split_answer(plan.tools.format, text)
+    if not calls:
+        return {"message": {"role": ROLE, "content": content}, "finish_reason": engine_reason}
+    message = {"role": ROLE, "content": content if content.strip() else None,
+               "tool_calls": [call.to_openai() for call in calls]}
+    return {"message": message, "finish_reason": _finish_reason(engine_reason, calls)}
 
 
-def _call_deltas(first_index: int, calls: list[ToolCall]) -> list[dict]:
-    """OpenAI's streamed calls: a call's id, type and name first (arguments ""), then its arguments' text."""
-    deltas = []
-    for index, call in enumerate(calls, first_index):
-        deltas.append({"tool_calls": [{**call.to_openai(index), "function": {"name": call.name, "arguments": ""}}]})
-        deltas.append({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})
-    return deltas
+def _call_delta(piece: CallDelta) -> dict:
+    """OpenAI's streamed call: its index, id, type and name first (arguments ""), then its arguments' text."""
+    if piece.id is None:
+        return {"tool_calls": [{"index": piece.index, "function": {"arguments": piece.arguments}}]}
+    return {"tool_calls": [{"index": piece.index, "id": piece.id, "type": "function",
+                            "function": {"name": piece.name, "arguments": piece.arguments}}]}
 
 
 def _error_event(message: str) -> bytes:
@@ -230,9 +230,8 @@ async def _chunks(plan: _AcceptedChat, stream: RequestStream, tracker: RequestTr
             return [{"content": text}], engine_reason
         made = reader.push(text)
         if engine_reason is not None:
-            rest = reader.finish()
-            made.content, made.calls = made.content + rest.content, made.calls + rest.calls
-        calls = _call_deltas(len(reader.calls) - len(made.calls), made.calls)
+            made += reader.finish()
+        calls = [_call_delta(piece) for piece in made.calls]
         return [{"content": made.content}] + calls if made.content or not calls else calls, \
             _finish_reason(engine_reason, reader.calls)
 

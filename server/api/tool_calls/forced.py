@@ -8,9 +8,7 @@ at least one. The formats below read those answers as calls.
 
 from __future__ import annotations
 
-import json
-
-from .calls import ToolCall, call_from_json, json_values
+from .calls import PartialCall, arguments_call, listed_calls, skip
 from .format import ToolCallFormat
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # a function that declares none takes an empty object
@@ -41,12 +39,8 @@ class RequiredFormat(ToolCallFormat):
     markers = ("[",)
     at_start_only = True
 
-    def calls(self, text: str) -> list[ToolCall] | None:
-        values, rest = json_values(text)
-        if len(values) != 1 or not isinstance(values[0], list) or rest.strip():
-            return None
-        calls = [call_from_json(v, ("parameters", "arguments")) for v in values[0]]
-        return None if not calls or None in calls else calls
+    def scan(self, text: str) -> list[PartialCall] | None:
+        return listed_calls(text, 0, ("parameters", "arguments"))
 
 
 class NamedFormat(ToolCallFormat):
@@ -56,10 +50,11 @@ class NamedFormat(ToolCallFormat):
     at_start_only = True
 
     def __init__(self, function_name: str):
-        self.function_name = function_name
+        self.name = self.function_name = function_name
 
-    def calls(self, text: str) -> list[ToolCall] | None:
-        values, rest = json_values(text)
-        if len(values) != 1 or not isinstance(values[0], dict) or rest.strip():
+    def scan(self, text: str) -> list[PartialCall] | None:
+        at = skip(text, 0)
+        if at == len(text) or text[at] != "{":
             return None
-        return [ToolCall(self.function_name, json.dumps(values[0], ensure_ascii=False))]
+        call = arguments_call(self.function_name, text, at)
+        return None if call is None else [call]

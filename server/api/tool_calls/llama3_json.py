@@ -3,7 +3,7 @@ joined by `;`), possibly after `<|python_tag|>`."""
 
 from __future__ import annotations
 
-from .calls import ToolCall, call_from_json, json_values
+from .calls import PartialCall, object_calls
 from .format import ToolCallFormat
 
 PYTHON_TAG = "<|python_tag|>"
@@ -15,9 +15,7 @@ class Llama3JsonFormat(ToolCallFormat):
     at_start_only = True
     keeps_special_tokens = True  # <|python_tag|> is one
 
-    def calls(self, text: str) -> list[ToolCall] | None:
-        values, rest = json_values(text.removeprefix(PYTHON_TAG))
-        calls = [call_from_json(v) for v in values]
-        if not calls or None in calls or rest.strip():
-            return None
-        return calls
+    def scan(self, text: str) -> list[PartialCall] | None:
+        body = text.lstrip()
+        calls, _ = object_calls(body, len(PYTHON_TAG) if body.startswith(PYTHON_TAG) else 0, ";")
+        return calls or None

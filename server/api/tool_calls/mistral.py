@@ -3,28 +3,20 @@
 
 from __future__ import annotations
 
-from .calls import ToolCall, call_from_json, json_values
+from .calls import PartialCall, arguments_call, listed_calls, skip
 from .format import ToolCallFormat
 
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
 
 
-def _listed(text: str) -> list[ToolCall] | None:
-    values, rest = json_values(text)
-    if len(values) != 1 or not isinstance(values[0], list) or rest.strip():
-        return None
-    calls = [call_from_json(v) for v in values[0]]
-    return None if not calls or None in calls else calls
-
-
-def _named(part: str) -> ToolCall | None:
-    name, sep, arguments = part.partition(ARGS)
+def _named(part: str) -> PartialCall | None:
+    name, sep, rest = part.partition(ARGS)
     if not sep or not name.strip():
         return None
-    values, rest = json_values(arguments)
-    if len(values) != 1 or rest.strip():
-        return None
-    return call_from_json({"name": name.strip(), "arguments": values[0]})
+    call = arguments_call(name.strip(), rest, skip(rest, 0))
+    if call is not None and call.end is not None:
+        call.end += len(name) + len(ARGS)
+    return call
 
 
 class MistralFormat(ToolCallFormat):
@@ -32,9 +24,16 @@ class MistralFormat(ToolCallFormat):
     markers = (TOOL_CALLS,)
     keeps_special_tokens = True
 
-    def calls(self, text: str) -> list[ToolCall] | None:
-        parts = [p for p in text.split(TOOL_CALLS)[1:]]
+    def scan(self, text: str) -> list[PartialCall] | None:
+        parts = text.split(TOOL_CALLS)[1:]
         if len(parts) == 1 and parts[0].lstrip().startswith("["):
-            return _listed(parts[0])
-        calls = [_named(p) for p in parts]
-        return None if not calls or None in calls else calls
+            return listed_calls(parts[0], 0)
+        calls = []
+        for part in parts:
+            call = _named(part)
+            if call is None:
+                break
+            calls.append(call)
+            if call.end is None:
+                break
+        return calls or None

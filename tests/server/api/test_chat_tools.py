@@ -64,9 +64,9 @@ async def oai(app):
         yield openai.AsyncOpenAI(base_url="http://quill.test/v1", api_key="unused", http_client=http, max_retries=0)
 
 
-def scripted(app, monkeypatch, model: str, pieces: list[str]) -> list:
+def scripted(app, monkeypatch, model: str, pieces: list[str], finish: str = "stop") -> list:
     """The engine of `model` answers `pieces`, one output each; returns the (prompt ids, params) submitted."""
-    outputs = [RequestOutput("r", [CompletionOutput(0, piece, [5], None, "stop" if i == len(pieces) - 1 else None)],
+    outputs = [RequestOutput("r", [CompletionOutput(0, piece, [5], None, finish if i == len(pieces) - 1 else None)],
                              i == len(pieces) - 1, 3) for i, piece in enumerate(pieces)]
     submitted = []
 
@@ -82,7 +82,7 @@ def calls_of(message) -> list[tuple[str, dict]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
 
 
-async def streamed(oai, model: str):
+async def streamed(oai, model: str, argument_pieces: list | None = None):
     state, contents = ChatCompletionStreamState(), []
     async for chunk in await oai.chat.completions.create(model=model, messages=ASK, tools=TOOLS, stream=True):
         state.handle_chunk(chunk)
@@ -92,6 +92,8 @@ async def streamed(oai, model: str):
                 assert (call.id is not None) == (call.function.name is not None)
                 if call.id is not None:
                     assert call.type == "function" and call.function.arguments == ""
+                elif argument_pieces is not None:
+                    argument_pieces.append(call.function.arguments)
     assert not any(m in text for text in contents for m in MARKUP)
     return state.get_final_completion()
 
@@ -105,11 +107,16 @@ async def test_calls_stream_into_the_plain_answers_calls_wherever_the_answer_is_
     (choice,) = plain.choices
     assert (choice.message.content, calls_of(choice.message), choice.finish_reason) == (content, calls, "tool_calls")
     assert all(c.id.startswith("chatcmpl-tool-") and c.type == "function" for c in choice.message.tool_calls)
-    for pieces in [[answer[:cut], answer[cut:]] for cut in range(len(answer) + 1)] + [list(answer)]:
+    for pieces in [[answer[:cut], answer[cut:]] for cut in range(len(answer) + 1)]:
         scripted(app, monkeypatch, model, pieces)
         (choice,) = (await streamed(oai, model)).choices
         assert ((choice.message.content or None), calls_of(choice.message), choice.finish_reason) == \
             (content, calls, "tool_calls"), pieces
+    scripted(app, monkeypatch, model, list(answer))  # a character at a time: the arguments go out as they arrive
+    argument_pieces = []
+    (choice,) = (await streamed(oai, model, argument_pieces)).choices
+    assert (calls_of(choice.message), choice.finish_reason) == (calls, "tool_calls")
+    assert len(argument_pieces) == sum(len(json.dumps(arguments)) for _, arguments in calls)
 
 
 async def test_an_answer_without_calls_is_plain_content_and_tool_choice_none_reads_no_calls(app, oai, monkeypatch):
@@ -121,6 +128,11 @@ async def test_an_answer_without_calls_is_plain_content_and_tool_choice_none_rea
     scripted(app, monkeypatch, "qwen", [answer])
     done = await oai.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS, tool_choice="none")
     assert (done.choices[0].message.content, done.choices[0].finish_reason) == (answer, "stop")
+    scripted(app, monkeypatch, "qwen", [answer[:70]], finish="length")  # cut inside the first call's arguments
+    done = await oai.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS)
+    (call,) = done.choices[0].message.tool_calls  # what arrived of it, as a stream would have sent it
+    assert (call.function.name, call.function.arguments, done.choices[0].finish_reason) == \
+        ("get_weather", '{"city": "El', "length")
 
 
 @pytest.mark.parametrize("model", ["llama", "qwen"])

@@ -46,11 +46,11 @@ def validates(schema: dict, value) -> bool:
 def test_required_accepts_calls_of_listed_functions_and_reads_them_back(answer):
     schema = required_schema(FUNCTIONS)
     assert validates(schema, answer)
-    parsed = split_answer(RequiredFormat(), json.dumps(answer))
-    assert parsed.content == ""
-    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [(a["name"], a["parameters"]) for a in answer]
+    content, calls = split_answer(RequiredFormat(), json.dumps(answer))
+    assert content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [(a["name"], a["parameters"]) for a in answer]
     by_name = {f["name"]: f for f in FUNCTIONS}
-    for call in parsed.calls:  # each call's arguments are what its own schema accepts
+    for call in calls:  # each call's arguments are what its own schema accepts
         assert validates(named_schema(by_name[call.name]), json.loads(call.arguments))
 
 
@@ -67,5 +67,5 @@ def test_named_schema_is_the_functions_parameters_and_its_answer_one_call():
     schema = named_schema(WEATHER)
     assert validates(schema, {"city": "Elsinore"}) and not validates(schema, {"unit": "celsius"})
     assert validates(named_schema(NOON), {}) and not validates(named_schema(NOON), [])
-    (call,) = split_answer(NamedFormat("get_weather"), '{"city": "Elsinore"}').calls
+    _, (call,) = split_answer(NamedFormat("get_weather"), '{"city": "Elsinore"}')
     assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Elsinore"})

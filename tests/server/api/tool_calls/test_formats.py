@@ -52,20 +52,25 @@ def format_of(name: str):
 
 
 def read(name: str, pieces: list[str]) -> tuple[str, list[tuple[str, dict]]]:
+    """What a client assembles from the deltas: each call opened once with its name, then its arguments' pieces."""
     stream = ToolCallStream(format_of(name))
-    content, calls = "", []
-    for piece in pieces:
-        delta = stream.push(piece)
+    content, calls = "", {}
+    for delta in [stream.push(piece) for piece in pieces] + [stream.finish()]:
         content += delta.content
-        calls += delta.calls
-    delta = stream.finish()
-    return content + delta.content, [(c.name, json.loads(c.arguments)) for c in calls + delta.calls]
+        for piece in delta.calls:
+            if piece.id is not None:
+                assert piece.index == len(calls) and piece.arguments == ""
+                calls[piece.index] = [piece.name, ""]
+            else:
+                calls[piece.index][1] += piece.arguments
+    assert [[c.name, c.arguments] for c in stream.calls] == list(calls.values())
+    return content, [(name, json.loads(arguments)) for name, arguments in calls.values()]
 
 
 @pytest.mark.parametrize("name, answer, content, calls", ANSWERS, ids=[f"{a[0]}-{i}" for i, a in enumerate(ANSWERS)])
 def test_calls_and_content_are_the_same_however_the_answer_is_cut(name, answer, content, calls):
-    whole = split_answer(format_of(name), answer)
-    assert (whole.content, [(c.name, json.loads(c.arguments)) for c in whole.calls]) == (content, calls)
+    whole_content, whole_calls = split_answer(format_of(name), answer)
+    assert (whole_content, [(c.name, json.loads(c.arguments)) for c in whole_calls]) == (content, calls)
     for cut in range(len(answer) + 1):
         assert read(name, [answer[:cut], answer[cut:]]) == (content, calls), cut
     assert read(name, list(answer)) == (content, calls)  # a character at a time
@@ -82,15 +87,27 @@ def test_content_is_released_as_soon_as_it_cannot_begin_a_marker():
     assert llama.push(' {"name"').content == ' {"name"'  # after text, JSON is just text
 
 
-def test_calls_are_sent_once_whole_hermes_at_each_closing_tag():
+def test_a_call_opens_once_its_name_is_read_and_its_arguments_go_out_as_they_arrive():
     stream = ToolCallStream(tool_call_format("hermes"))
-    assert stream.push('<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}').calls == []
-    (call,) = stream.push("</tool_call>\n<tool_call>").calls
-    assert call.name == "get_time" and call.id.startswith("chatcmpl-tool-")
-    assert stream.finish().calls == []  # the open second block holds nothing
+    assert stream.push('<tool_call>\n{"name": "get_ti').calls == []
+    (opened,) = stream.push('me", "arguments": ').calls
+    assert (opened.index, opened.name, opened.arguments) == (0, "get_time", "")
+    assert opened.id.startswith("chatcmpl-tool-")
+    assert [p.arguments for p in stream.push('{"zone": "C').calls] == ['{"zone": "C']
+    assert [p.arguments for p in stream.push('ET"}}\n</tool_call>\n<tool_call>').calls] == ['ET"}']
+    assert stream.finish().calls == [] and [c.arguments for c in stream.calls] == ['{"zone": "CET"}']
+
+
+def test_arguments_are_the_text_the_model_wrote_and_one_written_other_ways_goes_out_whole():
+    _, (call,) = split_answer(tool_call_format("hermes"), '<tool_call>{"name": "f", "arguments": {"b":1,  "a": 2}}')
+    assert call.arguments == '{"b":1,  "a": 2}'
+    stream = ToolCallStream(tool_call_format("hermes"))
+    assert stream.push('<tool_call>{"arguments": {"a": 1}, ').calls == []  # name last: read once whole
+    (opened, arguments) = stream.push('"name": "f"}</tool_call>').calls
+    assert (opened.name, arguments.arguments) == ("f", '{"a": 1}')
 
 
 def test_arguments_given_as_a_json_string_are_that_object():
-    (call,) = split_answer(tool_call_format("hermes"),
-                           '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>').calls
+    _, (call,) = split_answer(tool_call_format("hermes"),
+                              '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')
     assert json.loads(call.arguments) == {"x": 1}
