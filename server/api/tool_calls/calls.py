@@ -47,28 +47,29 @@ def skip(text: str, at: int, chars: str = " \t\r\n") -> int:
     return at
 
 
+# A JSON string (group 1 is its closing quote, empty while it is open) or a bracket: all value_end needs to
+# see, matched in C. A call's text is scanned again whole as each piece arrives: over a 16k-character call
+# pushed 4 characters at a time, stepping through it a character at a time in Python took 1.2 s, this 0.3 s
+# (0.02 s at 4k characters).
+_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*("?)|[{}\[\]]')
+
+
 def value_end(text: str, at: int) -> int | None:
     """Just past the JSON object, list or string that begins at text[at]; None while it is not closed."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(at, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-                if depth == 0:
-                    return i + 1
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
+    depth = 0
+    for match in _STRING_OR_BRACKET.finditer(text, at):
+        token = match.group()
+        if token[0] == '"':
+            if not match.group(1):
+                return None
+            if depth == 0:
+                return match.end()
+        elif token in "{[":
             depth += 1
-        elif c in "}]":
+        else:
             depth -= 1
             if depth == 0:
-                return i + 1
+                return match.end()
     return None
 
 
