@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from server.hosting import HostedModel
 
-from .chat_schemas import ChatCompletionRequest
+from .chat_schemas import ChatCompletionRequest, Tool
 from .tool_calls import ToolCallFormat, detect_format, tool_call_format
 from .tool_calls.forced import NamedFormat, RequiredFormat, named_schema, required_schema
 from .tool_calls.mistral import TOOL_CALLS
@@ -29,9 +29,10 @@ class ToolPlan:
     schema: dict | None = None  # the JSON schema the answer is held to ("required", a named function)
 
 
-def _check_tools(request: ChatCompletionRequest) -> list[dict]:
+def checked_tools(given: list[Tool] | None) -> list[dict]:
+    """The tools as the template reads them, or a 400 naming what is wrong with one."""
     tools, names = [], set()
-    for i, tool in enumerate(request.tools or []):
+    for i, tool in enumerate(given or []):
         if tool.type != "function":
             raise invalid(f"tools[{i}].type must be \"function\", got {tool.type!r}", f"tools.{i}.type")
         function = tool.function
@@ -82,7 +83,7 @@ def answer_format(hosted: HostedModel, parser: str | None) -> ToolCallFormat | N
 
 
 def plan_tools(request: ChatCompletionRequest, hosted: HostedModel, parser: str | None) -> ToolPlan:
-    tools = _check_tools(request)
+    tools = checked_tools(request.tools)
     names = [t["function"]["name"] for t in tools]
     choice, named = _choice(request, names)
     template = hosted.template_for(bool(tools))

@@ -229,3 +229,13 @@ async def test_tgi_messages_api_clients_read_the_same_calls(app, monkeypatch):
     chunks = [ChatCompletionStreamOutput.parse_obj_as_instance(e) for e in events]
     names = [t.function.name for c in chunks for t in c.choices[0].delta.tool_calls or [] if t.function.name]
     assert names == [name for name, _ in calls]
+
+
+async def test_tokenize_shows_the_tools_as_the_chat_route_does(app, hub_cache):
+    auto = transformers.AutoTokenizer.from_pretrained(hub_cache[1][HUB["qwen"]].path)
+    expected = auto.apply_chat_template(ASK, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://quill.test") as http:
+        r = await http.post("/tokenize", json={"model": "qwen", "messages": ASK, "tools": TOOLS})
+        assert r.json()["tokens"] == list(expected)
+        r = await http.post("/tokenize", json={"model": "qwen", "messages": ASK, "tools": [tool("a b")]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools.0.function.name"
