@@ -15,6 +15,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from server.api.app import create_app
 from server.api.chat_tools import answer_format
+from server.api.tool_calls.forced import named_schema, required_schema
 from server.config import ServerConfig
 from server.engine.outputs import CompletionOutput, RequestOutput
 from server.hosting import ModelHost
@@ -239,3 +240,36 @@ async def test_tokenize_shows_the_tools_as_the_chat_route_does(app, hub_cache):
         assert r.json()["tokens"] == list(expected)
         r = await http.post("/tokenize", json={"model": "qwen", "messages": ASK, "tools": [tool("a b")]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools.0.function.name"
+
+
+FORCED = {  # tool_choice -> the answer constrained decoding would hold to its schema, and the calls it reads as
+    "required": ('[{"name": "get_weather", "parameters": {"city": "Elsinore"}}, {"name": "get_time", "parameters": {}}]',
+                 [("get_weather", WEATHER), ("get_time", TIME)]),
+    "named": ('{"city": "Elsinore"}', [("get_weather", WEATHER)]),
+}
+
+
+@pytest.mark.parametrize("choice", list(FORCED))
+async def test_forced_answers_read_as_calls_plain_and_streamed(app, oai, monkeypatch, choice):
+    """The route's side of "required" and a named function, with the constraint itself stood in for (it is
+    set where chat_routes._constrained raises until constrained decoding lands)."""
+    from server.api import chat_routes
+
+    schemas = []
+    monkeypatch.setattr(chat_routes, "_constrained", lambda params, schema: schemas.append(schema) or params)
+    answer, calls = FORCED[choice]
+    tool_choice = "required" if choice == "required" else {"type": "function", "function": {"name": "get_weather"}}
+    scripted(app, monkeypatch, "qwen", [answer])
+    done = await oai.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS, tool_choice=tool_choice)
+    assert (done.choices[0].message.content, calls_of(done.choices[0].message)) == (None, calls)
+    assert done.choices[0].finish_reason == "tool_calls"
+    functions = [t["function"] for t in TOOLS]
+    assert schemas == [named_schema(functions[0]) if choice == "named" else required_schema(functions)]
+    for cut in range(len(answer) + 1):
+        scripted(app, monkeypatch, "qwen", [answer[:cut], answer[cut:]])
+        state = ChatCompletionStreamState()
+        async for chunk in await oai.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS,
+                                                            tool_choice=tool_choice, stream=True):
+            state.handle_chunk(chunk)
+        (choice_,) = state.get_final_completion().choices
+        assert (choice_.message.content or None, calls_of(choice_.message)) == (None, calls), cut
