@@ -232,8 +232,8 @@ async def _chunks(plan: _AcceptedChat, stream: RequestStream, tracker: RequestTr
         if engine_reason is not None:
             made += reader.finish()
         calls = [_call_delta(piece) for piece in made.calls]
-        return [{"content": made.content}] + calls if made.content or not calls else calls, \
-            _finish_reason(engine_reason, reader.calls)
+        shown = calls if calls and not made.content else [{"content": made.content}, *calls]
+        return shown, _finish_reason(engine_reason, reader.calls)
 
     status = 499  # until the stream ends normally: a client that leaves is logged as such
     try:
@@ -244,7 +244,7 @@ async def _chunks(plan: _AcceptedChat, stream: RequestStream, tracker: RequestTr
                 ends = c.finish_reason is not None
                 entries = logprobs.content(c.index, c.token_ids, c.logprobs, ends) if plan.logprobs else None
                 made, finish_reason = deltas(c.index, c.text, c.finish_reason)
-                if made[0].get("content") == "" and len(made) == 1 and not (c.finish_reason or entries):
+                if made == [{"content": ""}] and not (c.finish_reason or entries):
                     continue
                 for i, delta in enumerate(made):  # logprobs with the first delta, the finish reason with the last
                     last = i == len(made) - 1
