@@ -114,7 +114,18 @@ def object_call(text: str, at: int, argument_keys: tuple[str, ...] = ARGUMENT_KE
     close = skip(text, call.end)
     if close == len(text):  # the object's closing brace is yet to come
         return PartialCall(call.name, call.arguments)
-    return PartialCall(call.name, call.arguments, close + 1) if text[close] == "}" else None
+    if text[close] == "}":
+        return PartialCall(call.name, call.arguments, close + 1)
+    if text[close] != ",":
+        return None
+    # More keys after the arguments (Mistral's models may write an "id"): the call ends with the object.
+    end = value_end(text, at)
+    if end is not None:
+        try:
+            json.loads(text[at:end])
+        except ValueError:
+            return None
+    return PartialCall(call.name, call.arguments, end)
 
 
 def whole_call(obj, argument_keys: tuple[str, ...] = ARGUMENT_KEYS) -> PartialCall | None:
