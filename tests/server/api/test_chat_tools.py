@@ -273,3 +273,22 @@ async def test_forced_answers_read_as_calls_plain_and_streamed(app, oai, monkeyp
             state.handle_chunk(chunk)
         (choice_,) = state.get_final_completion().choices
         assert (choice_.message.content or None, calls_of(choice_.message)) == (None, calls), cut
+
+
+async def test_each_of_n_choices_reads_its_own_calls(app, oai, monkeypatch):
+    answer, content, calls = ANSWERS["qwen"]
+    text = "It is cold <there>."
+    half = len(answer) // 2
+    outputs = [RequestOutput("r", [CompletionOutput(0, answer[:half], [5]), CompletionOutput(1, text[:12], [5])],
+                             False, 3),
+               RequestOutput("r", [CompletionOutput(1, text[12:], [5], None, "stop")], False, 3),
+               RequestOutput("r", [CompletionOutput(0, answer[half:], [5], None, "stop")], True, 3)]
+    monkeypatch.setattr(app.state.host.get("qwen").engine, "submit", lambda *a, **k: ScriptedStream(outputs))
+    plain = await oai.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS, n=2)
+    state = ChatCompletionStreamState()
+    async for chunk in await oai.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS, n=2, stream=True):
+        state.handle_chunk(chunk)
+    for done in (plain, state.get_final_completion()):
+        first, second = sorted(done.choices, key=lambda c: c.index)
+        assert (first.message.content, calls_of(first.message), first.finish_reason) == (content, calls, "tool_calls")
+        assert (second.message.content, second.message.tool_calls or None, second.finish_reason) == (text, None, "stop")

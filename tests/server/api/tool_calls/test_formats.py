@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from server.api.tool_calls import ToolCallStream, split_answer, tool_call_format
 from server.api.tool_calls.forced import NamedFormat, RequiredFormat
@@ -114,3 +116,13 @@ def test_arguments_given_as_a_json_string_are_that_object():
     _, (call,) = split_answer(tool_call_format("hermes"),
                               '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')
     assert json.loads(call.arguments) == {"x": 1}
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_cutting_of_an_answer_reads_as_the_whole(data):
+    name, answer, _, _ = data.draw(st.sampled_from(ANSWERS))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(answer)), max_size=12)))
+    pieces = [answer[a:b] for a, b in zip([0, *cuts], [*cuts, len(answer)])]
+    content, calls = split_answer(format_of(name), answer)
+    assert read(name, pieces) == (content, [(c.name, c.arguments) for c in calls])
