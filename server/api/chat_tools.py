@@ -92,7 +92,7 @@ def plan_tools(request: ChatCompletionRequest, hosted: HostedModel, parser: str 
                       "them to the model; leave tools out, or give a template that reads them with --chat-template",
                       "tools")
     shown = tools or None
-    if choice == "none":
+    if choice == "none" or template is None:  # no template: rendering the prompt says so
         return ToolPlan(shown, None)
     if choice == "auto":
         format = answer_format(hosted, parser)
