@@ -83,6 +83,7 @@ def answer_format(hosted: HostedModel, parser: str | None) -> ToolCallFormat | N
 
 
 def plan_tools(request: ChatCompletionRequest, hosted: HostedModel, parser: str | None) -> ToolPlan:
+    """The request's tools checked against `hosted`'s template; `parser`: --tool-call-parser, if given."""
     tools = checked_tools(request.tools)
     names = [t["function"]["name"] for t in tools]
     choice, named = _choice(request, names)
