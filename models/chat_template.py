@@ -20,7 +20,7 @@ import json
 from datetime import datetime
 
 import jinja2
-from jinja2 import nodes
+from jinja2 import meta, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -94,7 +94,10 @@ class ChatTemplate:
         env = _sandbox()
         try:
             self._template = env.from_string(source)
-            self.takes_content_parts = _loops_over_content(env.parse(source))
+            tree = env.parse(source)
+            self.takes_content_parts = _loops_over_content(tree)
+            # Whether the template shows the model the tools it is given (transformers passes them to any).
+            self.reads_tools = "tools" in meta.find_undeclared_variables(tree)
         except jinja2.TemplateSyntaxError as e:
             raise ChatTemplateError(f"the chat template does not compile: {e.message} (line {e.lineno})") from None
 

@@ -10,6 +10,7 @@ from models.attention import ATTENTION_BACKENDS
 from models.checkpoint import BUNDLED_DIR, GENERATION_CONFIG_MODES
 from models.kernels import LAYER_OPS
 from models.location import check_revision, is_hub_id
+from server.api.tool_calls.registry import TOOL_CALL_FORMATS
 
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")  # uvicorn's names
 HTTP_PARSERS = ("auto", "h11", "httptools")
@@ -35,6 +36,7 @@ class ServerConfig:
     max_model_len: int | None = None  # None: the model's context (Transformers), 4096 (recurrent, convolutional)
     generation_config: str = "auto"  # "auto": sampling defaults from the checkpoint's generation_config.json; "none"
     chat_templates: list[str] = field(default_factory=list)  # [NAME=]FILE: a Jinja chat template for NAME (or all)
+    tool_call_parser: str | None = None  # how answers' tool calls read (tool_calls/); None: found from each template
     api_keys: list[str] = field(default_factory=list)
     max_body_bytes: int = 1 * 2**20
     body_timeout: float = 30.0  # seconds for a request body to arrive in full (slow-loris guard)
@@ -62,6 +64,8 @@ class ServerConfig:
         if self.generation_config not in GENERATION_CONFIG_MODES:
             modes, mode = GENERATION_CONFIG_MODES, self.generation_config
             raise ValueError(f"generation_config must be one of {modes}, not {mode!r}")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_FORMATS:
+            raise ValueError(f"tool_call_parser must be one of {tuple(TOOL_CALL_FORMATS)}, not {self.tool_call_parser!r}")
         if self.loop not in EVENT_LOOPS or self.http not in HTTP_PARSERS:
             raise ValueError(f"loop must be one of {EVENT_LOOPS} and http one of {HTTP_PARSERS}, "
                              f"not {self.loop!r} and {self.http!r}")
@@ -174,6 +178,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     repeated("--chat-template", "chat_templates",
              "[NAME=]FILE: a Jinja chat template for model NAME, or for every model without NAME; it replaces "
              "the checkpoint's own (needed by /v1/chat/completions for a checkpoint that ships none)")
+    arg("--tool-call-parser", str, d.tool_call_parser,
+        "the format the models write tool calls in, read from their answers when a chat request gives tools with "
+        "tool_choice auto: " + ", ".join(TOOL_CALL_FORMATS) + " (default: found from each model's chat template)",
+        choices=tuple(TOOL_CALL_FORMATS))
     repeated("--api-key", "api_keys", "require this bearer token (repeat for several)")
     arg("--max-body-bytes", int, d.max_body_bytes, "largest request body accepted")
     arg("--body-timeout", float, d.body_timeout, "seconds a request body may take to arrive (then 408)")

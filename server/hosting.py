@@ -30,6 +30,7 @@ from .engine.scheduler import SchedulerConfig
 
 log = logging.getLogger("quill.server")
 
+TOOL_USE_TEMPLATE = "tool_use"  # transformers renders chats given tools with the template of this name, if any
 RECURRENT_MAX_MODEL_LEN = 4096  # no attention window: bounded only so one request cannot run forever
 
 
@@ -47,6 +48,12 @@ class HostedModel:
     created: int  # unix time, for /v1/models
     chat_template: ChatTemplate | None = None  # None: /v1/chat/completions answers 400 with `no_chat_reason`
     no_chat_reason: str = ""
+    tool_chat_template: ChatTemplate | None = None  # the checkpoint's "tool_use" template, for requests with tools
+
+    def template_for(self, tools: bool) -> ChatTemplate | None:
+        """The template a chat renders with: given tools, the checkpoint's "tool_use" one where it has one
+        (as transformers picks it), else the main one."""
+        return self.tool_chat_template if tools and self.tool_chat_template is not None else self.chat_template
 
     @property
     def tokenizer(self):
@@ -77,6 +84,18 @@ def chat_template_for(name: str, loaded: LoadedModel, source: str | None) -> tup
     except ChatTemplateError as e:
         log.warning("%s: chat disabled: %s", name, e)
         return None, f"the chat template of {name!r} cannot be used ({e}); give another with --chat-template FILE"
+
+
+def tool_template_for(name: str, loaded: LoadedModel, source: str | None) -> ChatTemplate | None:
+    """The checkpoint's template named "tool_use", unless --chat-template replaced its templates."""
+    tool_source = loaded.chat_templates.get(TOOL_USE_TEMPLATE)
+    if source is not None or tool_source is None:
+        return None
+    try:
+        return ChatTemplate(tool_source, loaded.special_tokens)
+    except ChatTemplateError as e:
+        log.warning("%s: the %r chat template is not used: %s", name, TOOL_USE_TEMPLATE, e)
+        return None
 
 
 def uses_engine_process(config: ServerConfig) -> bool:
@@ -173,13 +192,15 @@ class ModelHost:
                                          revision=revision, **load)
                 engine = AsyncEngine(loaded, engine_config, name=name, threads=config.threads)
             template, no_chat_reason = chat_template_for(name, loaded, chat_template)
+            tool_template = tool_template_for(name, loaded, chat_template) if template is not None else None
         except BaseException:
             if separate:
                 engine.shutdown()
             raise
         limit = loaded.max_seq_len or RECURRENT_MAX_MODEL_LEN
         max_model_len = min(limit, config.max_model_len) if config.max_model_len else limit
-        return HostedModel(name, loaded, engine, max_model_len, int(time.time()), template, no_chat_reason)
+        return HostedModel(name, loaded, engine, max_model_len, int(time.time()), template, no_chat_reason,
+                           tool_template)
 
     def start(self) -> None:
         for hosted in self.models.values():

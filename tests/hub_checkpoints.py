@@ -29,10 +29,73 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 CHAT_PROMPT = "To be, or not to be"
 CHAT_MIN_TOKENS = 3  # greedy decoding of CHAT_PROMPT reaches a generation_config-only EOS id no sooner
 
+# Templates that read `tools` are ours, written to behave as the families' own do: the tools shown to the model
+# (Llama 3.1: in the first user turn, as JSON; Qwen: in the system turn between <tools> tags; Mistral: before the
+# last user turn after [AVAILABLE_TOOLS]), an assistant's calls written back in the form the model answers in
+# (arguments given as a JSON string kept as they are, a dict written with tojson), a tool's result in its
+# family's turn (Llama: ipython; Qwen: <tool_response> in a user turn; Mistral: [TOOL_RESULTS]). Without tools
+# they render as the plain templates did.
+_CALL_FUNCTION = "{%- set fn = call.function if call.function is defined else call %}"
+_ARGUMENTS = "{%- if fn.arguments is string %}{{- fn.arguments }}{%- else %}{{- fn.arguments | tojson }}{%- endif %}"
 LLAMA3_TEMPLATE = (
-    "{{- bos_token }}{%- for message in messages %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{{- bos_token }}{%- set ns = namespace(first_user=true) %}{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' and message.tool_calls is defined %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- for call in message.tool_calls %}" + _CALL_FUNCTION +
+    "{{- '{\"name\": \"' + fn.name + '\", \"parameters\": ' }}" + _ARGUMENTS +
+    "{{- '}' }}{%- if not loop.last %}{{- '; ' }}{%- endif %}{%- endfor %}{{- '<|eot_id|>' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' }}"
+    "{%- if message.content is mapping %}{{- message.content | tojson }}{%- else %}{{- message.content }}{%- endif %}"
+    "{{- '<|eot_id|>' }}"
+    "{%- else %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{%- if tools and message['role'] == 'user' and ns.first_user %}{%- set ns.first_user = false %}"
+    "{{- 'When one of these functions helps, answer with nothing but its call as JSON, "
+    "{\"name\": the function, \"parameters\": {each argument: its value}}.\\n\\n' }}"
+    "{%- for tool in tools %}{{- tool | tojson(indent=4) + '\\n\\n' }}{%- endfor %}{%- endif %}"
+    "{{- message['content'] | trim + '<|eot_id|>' }}{%- endif %}"
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+QWEN_TOOLS_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nThese functions can be called; their signatures, one per line:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nCall one by answering <tool_call>\\n{\"name\": the function, \"arguments\": an object}\\n"
+    "</tool_call>, once per call.<|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and loop.first %}"
+    "{%- elif message['role'] == 'assistant' and message.tool_calls is defined %}{{- '<|im_start|>assistant' }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls %}" + _CALL_FUNCTION +
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + fn.name + '\", \"arguments\": ' }}" + _ARGUMENTS +
+    "{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+MISTRAL_TOOLS_TEMPLATE = (  # for a Mistral checkpoint whose tokenizer has the control tokens (given by --chat-template)
+    "{{- bos_token }}{%- set ns = namespace(last_user=-1, system='') %}"
+    "{%- for message in messages %}{%- if message['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}"
+    "{%- elif message['role'] == 'system' %}{%- set ns.system = message['content'] %}{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}{%- if message['role'] == 'user' %}"
+    "{%- if loop.index0 == ns.last_user %}"
+    "{%- if tools %}{{- '[AVAILABLE_TOOLS]' + tools | tojson + '[/AVAILABLE_TOOLS]' }}{%- endif %}"
+    "{{- '[INST]' + (ns.system + '\\n\\n' if ns.system else '') + message['content'] + '[/INST]' }}"
+    "{%- else %}{{- '[INST]' + message['content'] + '[/INST]' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message.tool_calls is defined %}{{- '[TOOL_CALLS][' }}"
+    "{%- for call in message.tool_calls %}" + _CALL_FUNCTION +
+    "{{- '{\"name\": \"' + fn.name + '\", \"arguments\": ' }}" + _ARGUMENTS +
+    "{{- ', \"id\": \"' + call.id + '\"}' }}{%- if not loop.last %}{{- ', ' }}{%- endif %}{%- endfor %}"
+    "{{- ']' + eos_token }}"
+    "{%- elif message['role'] == 'assistant' %}{{- message['content'] + eos_token }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '[TOOL_RESULTS]{\"call_id\": \"' + message.tool_call_id + '\", \"content\": ' + message['content'] | tojson"
+    " + '}[/TOOL_RESULTS]' }}{%- endif %}{%- endfor %}"
 )
 CHATML_TEMPLATE = (
     "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -161,7 +224,10 @@ def _qwen(model_type: str):
     def build(directory: Path):
         import transformers
 
-        tokenizer = _class_tokenizer("Qwen2Tokenizer", ["<|im_start|>", "<|im_end|>"], vocab_size=V)
+        # Qwen's <tool_call> tags are added tokens, not special ones: answers keep them.
+        tags = ["<tool_call>", "</tool_call>"] if model_type == "qwen3" else []
+        tokenizer = _class_tokenizer("Qwen2Tokenizer", ["<|im_start|>", "<|im_end|>"], vocab_size=V - len(tags))
+        tokenizer.add_tokens(tags)
         eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
         if model_type == "qwen2":
             config = transformers.Qwen2Config(**_shapes(), eos_token_id=eos)
@@ -174,7 +240,8 @@ def _qwen(model_type: str):
         model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)
         # The older layout: the template as a string inside tokenizer_config.json.
-        _edit_json(directory / "tokenizer_config.json", chat_template=CHATML_TEMPLATE)
+        _edit_json(directory / "tokenizer_config.json",
+                   chat_template=QWEN_TOOLS_TEMPLATE if model_type == "qwen3" else CHATML_TEMPLATE)
         return model
 
     return build

@@ -32,6 +32,8 @@ def _template_message(i: int, message: ChatMessage) -> dict:
         raise invalid(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {message.role!r}",
                       f"messages.{i}.role")
     if message.content is None:
+        if message.role == "assistant" and message.tool_calls:  # a turn that only called tools
+            return message.model_dump(exclude_none=True)
         raise invalid(f"messages[{i}].content is missing: every message needs text", f"messages.{i}.content")
     if not isinstance(message.content, str):
         for j, part in enumerate(message.content):
@@ -46,10 +48,13 @@ def _template_message(i: int, message: ChatMessage) -> dict:
     return out
 
 
-def render_chat(hosted: HostedModel, options: ChatTemplateOptions, add_special_tokens: bool = False) -> ChatPrompt:
+def render_chat(hosted: HostedModel, options: ChatTemplateOptions, add_special_tokens: bool = False,
+                tools: list[dict] | None = None) -> ChatPrompt:
     """The prompt `options.messages` make for `hosted`, tokenized as transformers does after a template:
-    without special tokens (the template writes BOS itself) unless asked."""
-    if hosted.chat_template is None:
+    without special tokens (the template writes BOS itself) unless asked. `tools`: OpenAI's tool objects,
+    which the template reads as `tools`."""
+    template = hosted.template_for(tools is not None)
+    if template is None:
         raise APIError(400, hosted.no_chat_reason, param="model", code="no_chat_template", reason="invalid_request")
     if not options.messages:
         raise invalid("messages must hold at least one message", "messages")
@@ -65,8 +70,10 @@ def render_chat(hosted: HostedModel, options: ChatTemplateOptions, add_special_t
     for key in RESERVED_TEMPLATE_KWARGS:
         if key in kwargs:
             raise invalid(f"chat_template_kwargs cannot set {key!r}: it comes from the request", "chat_template_kwargs")
+    if tools is not None:
+        kwargs["tools"] = tools
     try:
-        text = hosted.chat_template.render(messages, add_generation_prompt, continue_final, **kwargs)
+        text = template.render(messages, add_generation_prompt, continue_final, **kwargs)
     except ChatTemplateError as e:
         raise invalid(str(e), "messages") from None
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -27,12 +27,14 @@ from server.sampling.params import MAX_LOGPROBS
 
 from .chat_prompt import ChatPrompt, render_chat
 from .chat_schemas import ChatCompletionRequest
+from .chat_tools import ToolPlan, plan_tools
 from .engine_errors import checked, final_output
 from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
 from .generation import resolve_model, submit, until_disconnected
 from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
 from .token_texts import TokenTexts
+from .tool_calls import CallDelta, ToolCall, ToolCallStream, split_answer
 from .tracking import RequestTracker
 from .validation import check_context, check_max_tokens, check_sequences, invalid
 
@@ -52,6 +54,7 @@ class _AcceptedChat:
     params: SamplingParams
     logprobs: bool
     include_usage: bool
+    tools: ToolPlan
     completion_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -69,10 +72,6 @@ def _model_name(http: Request, name: str | None) -> str | None:
 
 def _check_unsupported(request: ChatCompletionRequest) -> None:
     """Features Quill does not have are refused by name, never accepted and ignored."""
-    if request.tools:
-        raise invalid("tools are not supported by this server; leave them out", "tools")
-    if request.tool_choice not in (None, "none", "auto"):  # "auto" with no tools is no tool use
-        raise invalid("tool_choice is not supported by this server; leave it out", "tool_choice")
     if request.response_format is not None and request.response_format.get("type") != "text":
         raise invalid("only response_format {\"type\": \"text\"} is supported", "response_format")
 
@@ -97,13 +96,26 @@ def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: Host
             raise invalid(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {request.top_logprobs}",
                           "top_logprobs")
     request.check_forms(config)
-    prompt = render_chat(hosted, request)
+    tools = plan_tools(request, hosted, config.tool_call_parser)
+    prompt = render_chat(hosted, request, tools=tools.tools)
     if max_tokens is None:
         max_tokens = default_max_tokens(hosted, config, len(prompt.ids))
     params = request.to_sampling_params(hosted, max_tokens)
+    if tools.format is not None and tools.format.keeps_special_tokens:  # its call marker is a special token
+        params = replace(params, skip_special_tokens=False)
+    if tools.schema is not None:
+        params = _constrained(params, tools.schema)
     check_context(hosted, len(prompt.ids), max_tokens, param=max_param)  # after the settings, as for completions
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return _AcceptedChat(hosted, prompt, params, request.logprobs, include_usage)
+    return _AcceptedChat(hosted, prompt, params, request.logprobs, include_usage, tools)
+
+
+def _constrained(params: SamplingParams, schema: dict) -> SamplingParams:
+    """`params` holding every answer to `schema` (tool_choice "required" or a named function)."""
+    # To wire with the grammar engine's SamplingParams field, in place of the raise:
+    #   return replace(params, structured=StructuredOutput(kind="json_schema", spec=json.dumps(schema)))
+    raise invalid("tool_choice \"required\" or a named function needs constrained decoding, which this server "
+                  "does not have yet; use tool_choice \"auto\"", "tool_choice")
 
 
 class _Logprobs:
@@ -158,14 +170,38 @@ async def _complete(plan: _AcceptedChat, stream: RequestStream, tracker: Request
     return {
         **plan.envelope("chat.completion"),
         "choices": [
-            {"index": c.index, "message": {"role": ROLE, "content": c.text},
+            {"index": c.index, **_answer(plan, c.text, c.finish_reason),
              "logprobs": ({"content": logprobs.content(c.index, c.token_ids, c.logprobs, ends=True)}
-                          if plan.logprobs else None),
-             "finish_reason": c.finish_reason}
+                          if plan.logprobs else None)}
             for c in choices
         ],
         "usage": _usage(plan, sum(len(c.token_ids) for c in choices)),
     }
+
+
+def _finish_reason(engine_reason: str | None, calls: list[ToolCall]) -> str | None:
+    """An answer that ended by itself with calls ends for them; one cut short keeps "length"."""
+    return "tool_calls" if calls and engine_reason == "stop" else engine_reason
+
+
+def _answer(plan: _AcceptedChat, text: str, engine_reason: str | None) -> dict:
+    """One choice's message and finish reason: its calls, and the text beside them as content."""
+    if plan.tools.format is None:
+        return {"message": {"role": ROLE, "content": text}, "finish_reason": engine_reason}
+    content, calls = split_answer(plan.tools.format, text)
+    if not calls:
+        return {"message": {"role": ROLE, "content": content}, "finish_reason": engine_reason}
+    message = {"role": ROLE, "content": content if content.strip() else None,
+               "tool_calls": [call.to_openai() for call in calls]}
+    return {"message": message, "finish_reason": _finish_reason(engine_reason, calls)}
+
+
+def _call_delta(piece: CallDelta) -> dict:
+    """OpenAI's streamed call: its index, id, type and name first (arguments ""), then its arguments' text."""
+    if piece.id is None:
+        return {"tool_calls": [{"index": piece.index, "function": {"arguments": piece.arguments}}]}
+    return {"tool_calls": [{"index": piece.index, "id": piece.id, "type": "function",
+                            "function": {"name": piece.name, "arguments": piece.arguments}}]}
 
 
 def _error_event(message: str) -> bytes:
@@ -185,6 +221,20 @@ async def _chunks(plan: _AcceptedChat, stream: RequestStream, tracker: RequestTr
                   "finish_reason": finish_reason}
         return sse_event({**plan.envelope("chat.completion.chunk"), "choices": [choice]})
 
+    readers = {index: ToolCallStream(plan.tools.format) for index in range(plan.params.n)} if plan.tools.format else {}
+
+    def deltas(index: int, text: str, engine_reason: str | None) -> tuple[list[dict], str | None]:
+        """The deltas `text` makes (its content first, then any calls it completes) and the finish reason."""
+        reader = readers.get(index)
+        if reader is None:
+            return [{"content": text}], engine_reason
+        made = reader.push(text)
+        if engine_reason is not None:
+            made += reader.finish()
+        calls = [_call_delta(piece) for piece in made.calls]
+        shown = calls if calls and not made.content else [{"content": made.content}, *calls]
+        return shown, _finish_reason(engine_reason, reader.calls)
+
     status = 499  # until the stream ends normally: a client that leaves is logged as such
     try:
         for index in range(plan.params.n):
@@ -193,8 +243,12 @@ async def _chunks(plan: _AcceptedChat, stream: RequestStream, tracker: RequestTr
             for c in out.outputs:
                 ends = c.finish_reason is not None
                 entries = logprobs.content(c.index, c.token_ids, c.logprobs, ends) if plan.logprobs else None
-                if c.text or c.finish_reason or entries:
-                    yield chunk(c.index, {"content": c.text}, c.finish_reason, entries)
+                made, finish_reason = deltas(c.index, c.text, c.finish_reason)
+                if made == [{"content": ""}] and not (c.finish_reason or entries):
+                    continue
+                for i, delta in enumerate(made):  # logprobs with the first delta, the finish reason with the last
+                    last = i == len(made) - 1
+                    yield chunk(c.index, delta, finish_reason if last else None, entries if i == 0 else None)
         status = 200
         if plan.include_usage:
             yield sse_event({**plan.envelope("chat.completion.chunk"), "choices": [],

@@ -47,6 +47,31 @@ class ChatMessage(RequestSchema):
     function_call: dict[str, Any] | None = None
 
 
+class FunctionDefinition(RequestSchema):
+    """OpenAI's function tool: `parameters` is a JSON schema of an object (none: it takes no arguments)."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # OpenAI's exact-schema promise; calls are held to the schema only when forced
+
+
+class Tool(RequestSchema):
+    type: str
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(RequestSchema):
+    name: str
+
+
+class NamedToolChoice(RequestSchema):
+    """`{"type": "function", "function": {"name": ...}}`: the answer is a call of that function."""
+
+    type: str
+    function: ToolChoiceFunction
+
+
 class ChatTemplateOptions(RequestSchema):
     """vLLM's settings of how messages become the prompt."""
 
@@ -73,12 +98,12 @@ class ChatCompletionRequest(ChatTemplateOptions, OpenAISampling):
     prompt_cache_key: str | None = None  # Quill caches every prompt's prefix unasked
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict[str, Any] | None = None
-    # Accepted and ignored: they only shape tool calls, and tools are refused.
+    tools: list[Tool] | None = None
+    tool_choice: str | NamedToolChoice | None = None  # None: "auto" with tools, "none" without
+    # Accepted and ignored: a model may answer several calls whatever this says; the template shows the tools.
     parallel_tool_calls: bool | None = None
     tool_prompt: str | None = None  # TGI's Messages API: text put before the tools
     # Not supported: refused when given, never silently ignored.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
     response_format: dict[str, Any] | None = None
 
     def to_sampling_params(self, hosted: HostedModel, max_tokens: int) -> SamplingParams:

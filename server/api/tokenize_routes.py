@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from server.hosting import HostedModel
 
 from .chat_prompt import render_chat
+from .chat_tools import checked_tools
 from .errors import OPENAI_ERROR_RESPONSES
 from .generation import resolve_model
 from .tokenize_schemas import DetokenizeRequest, TokenizeChatRequest, TokenizeRequest
@@ -28,7 +29,8 @@ def _tokens(hosted: HostedModel, ids: list[int], return_token_strs: bool) -> dic
 async def tokenize(request: TokenizeRequest, http: Request):
     hosted = resolve_model(http, request.model)
     if isinstance(request, TokenizeChatRequest):
-        ids = render_chat(hosted, request, add_special_tokens=request.add_special_tokens).ids
+        tools = checked_tools(request.tools) or None
+        ids = render_chat(hosted, request, add_special_tokens=request.add_special_tokens, tools=tools).ids
     else:
         try:
             request.prompt.encode("utf-8")

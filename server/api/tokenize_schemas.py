@@ -6,7 +6,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import PlainValidator
 
-from .chat_schemas import ChatTemplateOptions
+from .chat_schemas import ChatTemplateOptions, Tool
 from .request_schema import RequestSchema
 
 
@@ -23,6 +23,7 @@ class TokenizeChatRequest(ChatTemplateOptions):
     """POST /tokenize with chat messages (vLLM): the prompt ids /v1/chat/completions would generate after."""
 
     model: str | None = None
+    tools: list[Tool] | None = None  # shown to the model by its template, as in the chat request
     add_special_tokens: bool = False  # the template writes BOS itself
     return_token_strs: bool = False
 

@@ -148,3 +148,53 @@ def test_continue_final_message_needs_the_template_to_keep_the_text():
     drops = ChatTemplate("{% for m in messages %}{{ m.role }}{% endfor %}")
     with pytest.raises(ChatTemplateError, match="does not keep"):
         drops.render(CONTINUED, add_generation_prompt=False, continue_final_message=True)
+
+
+# A conversation with tools: calls given back with arguments as a dict and as a JSON string (transformers
+# passes both to the template as they are), and the tools' results.
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                     "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+]
+TOOL_CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather and time in Elsinore?"},
+    {"role": "assistant", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Elsinore"}}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "Cold, with a nipping air."},
+    {"role": "tool", "tool_call_id": "call_2", "content": "Past midnight."},
+    {"role": "assistant", "content": "Cold; past midnight."},
+    {"role": "user", "content": "And tomorrow?"},
+]
+
+
+@pytest.mark.parametrize("repo", ["quill-test/tiny-qwen3", "quill-test/tiny-llama-chat"])
+def test_tools_calls_and_results_render_as_transformers_renders_them(checkpoints, repo):
+    auto, tokenizer, config = checkpoints[repo]
+    template = ChatTemplate(config.chat_template, config.special_tokens)
+    assert template.reads_tools
+    for messages, tools in ((TOOL_CHAT, TOOLS), (TOOL_CHAT[:2], TOOLS), (TOOL_CHAT, None)):
+        expected = auto.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                            return_dict=False)
+        text = template.render(messages, tools=tools)
+        assert tokenizer.encode(text, add_special_tokens=False) == list(expected)
+        assert text == auto.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    assert '"arguments": {}' in template.render(TOOL_CHAT) or '"parameters": {}' in template.render(TOOL_CHAT)
+
+
+def test_a_mistral_like_tools_template_renders_as_transformers_renders_it(checkpoints):
+    from tests.hub_checkpoints import MISTRAL_TOOLS_TEMPLATE
+
+    auto, _, config = checkpoints["quill-test/tiny-mistral"]
+    template = ChatTemplate(MISTRAL_TOOLS_TEMPLATE, config.special_tokens)
+    expected = auto.apply_chat_template(TOOL_CHAT, tools=TOOLS, chat_template=MISTRAL_TOOLS_TEMPLATE, tokenize=False)
+    assert template.render(TOOL_CHAT, tools=TOOLS, add_generation_prompt=False) == expected
+    assert "[TOOL_CALLS][" in expected and "[AVAILABLE_TOOLS]" in expected
+
+
+def test_whether_a_template_reads_tools():
+    assert not ChatTemplate("{{ messages[0].content }}").reads_tools
+    assert ChatTemplate("{% if tools %}{{ tools | length }}{% endif %}").reads_tools

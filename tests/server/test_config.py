@@ -41,6 +41,17 @@ def test_an_unknown_event_loop_is_refused():
         ServerConfig(loop="trio")
 
 
+def test_tool_call_parser_is_found_from_templates_unless_named(monkeypatch):
+    assert parse().tool_call_parser is None
+    assert parse("--tool-call-parser", "hermes").tool_call_parser == "hermes"
+    monkeypatch.setenv("QUILL_TOOL_CALL_PARSER", "mistral")
+    assert parse().tool_call_parser == "mistral"
+    with pytest.raises(SystemExit):
+        parse("--tool-call-parser", "pythonic")
+    with pytest.raises(ValueError, match="tool_call_parser must be one of"):
+        ServerConfig(tool_call_parser="pythonic")
+
+
 def test_a_missing_event_loop_is_named(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="uvloop is not installed"):
