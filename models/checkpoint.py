@@ -192,7 +192,9 @@ def load_checkpoint(
         location = locate(path, revision)
     path = location.path
     # A hub snapshot's directory is named after a commit: name the model after its hub id.
-    name = name or (location.model_id if location.revision else path.name)
+    # A converted classic checkpoint's directory is named after a hash: name it after the original.
+    name = name or (location.model_id if location.revision else
+                    Path(location.model_id).name if location.converted else path.name)
     if not path.is_dir():
         raise CheckpointError(path, "no such checkpoint directory")
     for file in (CONFIG_FILE, TOKENIZER_FILE):

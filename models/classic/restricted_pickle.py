@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -56,6 +57,20 @@ def load_restricted(path: str | Path, allowed: Iterable[str] = ()) -> object:
                                     f"(allowed: {', '.join(allowed) or 'tensors and plain containers'})") from None
     except (RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(path, f"not a readable PyTorch file ({str(e).splitlines()[0]})") from None
+
+
+def peek_pickle(path: str | Path, limit: int = 1 << 20) -> bytes:
+    """The pickle bytes of a torch.save file (its data.pkl, or the start of a legacy file), unread: for
+    recognising a format by the class and key names it spells, without unpickling anything."""
+    try:
+        if not zipfile.is_zipfile(path):
+            with open(path, "rb") as f:
+                return f.read(limit)
+        with zipfile.ZipFile(path) as archive:
+            name = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+            return archive.read(name)[:limit] if name else b""
+    except (OSError, zipfile.BadZipFile):
+        return b""
 
 
 def attributes(obj: object) -> dict:
