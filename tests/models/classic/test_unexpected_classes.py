@@ -38,8 +38,7 @@ def module_from(code_dir, name: str, source: str):
         sys.modules.pop(name, None)
 
 
-def test_a_payload_class_is_refused_by_name_and_never_runs(tmp_path, monkeypatch):
-    monkeypatch.setenv("QUILL_CACHE_DIR", str(tmp_path / "cache"))
+def test_a_payload_class_is_refused_by_name_and_never_runs(tmp_path, quill_cache):
     marker = tmp_path / "payload-ran"
     model = build_rnn_model(tmp_path / "code", "LSTM")
     directory = write_corpus(tmp_path / "run")
@@ -50,7 +49,7 @@ def test_a_payload_class_is_refused_by_name_and_never_runs(tmp_path, monkeypatch
         with pytest.raises(CheckpointError, match="needs .*os.system|needs .*posix.system"):
             load()
     assert not marker.exists()
-    assert not (tmp_path / "cache" / "classic").exists() or not any((tmp_path / "cache" / "classic").iterdir())
+    assert not (quill_cache / "classic").exists() or not any((quill_cache / "classic").iterdir())
 
 
 def test_a_custom_module_class_is_refused_by_name(tmp_path):

@@ -24,11 +24,6 @@ RNN_TYPES = ["LSTM", "GRU", "RNN_TANH", "RNN_RELU"]
 PROMPTS = [[1, 2, 3, 4, 1, 5], [6], [11, 2, 12, 11, 6, 0, 1, 13, 14, 15, 16, 0, 1]]
 
 
-@pytest.fixture(autouse=True)
-def quill_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("QUILL_CACHE_DIR", str(tmp_path / "quill-cache"))
-
-
 def original(tmp_path, rnn_type: str, tied: bool = False, whole: bool = True):
     """(the example's model, the directory holding its model.pt and the corpus it was trained on)."""
     reference = build_rnn_model(tmp_path / "code", rnn_type, tied=tied)
