@@ -209,6 +209,13 @@ def load_checkpoint(
     eos_ids += [i for i in generation.eos_token_ids if i not in eos_ids]
     tokenizer_config = read_tokenizer_config(path)
     tokenizer = _read_tokenizer(path / TOKENIZER_FILE, eos_ids, config.vocab_size)
+    if metadata.get("text_rules"):  # a classic toolkit's rules around the vocabulary (fastai's case markers)
+        from .classic.text_rules import with_text_rules
+
+        try:
+            tokenizer = with_text_rules(metadata["text_rules"], tokenizer)
+        except ValueError as e:
+            raise CheckpointError(path / CONFIG_FILE, str(e)) from None
 
     _, model_cls = ARCHITECTURES[architecture]
     with torch.device("meta"):

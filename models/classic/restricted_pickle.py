@@ -59,6 +59,29 @@ def load_restricted(path: str | Path, allowed: Iterable[str] = ()) -> object:
         raise CheckpointError(path, f"not a readable PyTorch file ({str(e).splitlines()[0]})") from None
 
 
+class _NoClasses(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
+
+
+def load_plain(path: str | Path) -> object:
+    """A plain pickle (pickle.dump, not torch.save) of strings, numbers and containers only: a file that
+    names any class or function is refused with its name. For the toolkits' vocabularies (fastai's itos)."""
+    path = Path(path)
+    if zipfile.is_zipfile(path):  # torch.save'd after all
+        return load_restricted(path)
+    try:
+        with open(path, "rb") as f:
+            return _NoClasses(f).load()
+    except pickle.UnpicklingError as e:
+        wanted = _REFUSED.search(str(e))
+        what = f"class {wanted.group(1)}" if wanted else str(e)
+        raise CheckpointError(path, f"the file needs {what}, which Quill does not unpickle (a vocabulary is a "
+                                    "list of strings)") from None
+    except (EOFError, OSError, ValueError) as e:
+        raise CheckpointError(path, f"not a readable pickle ({e})") from None
+
+
 def peek_pickle(path: str | Path, limit: int = 1 << 20) -> bytes:
     """The pickle bytes of a torch.save file (its data.pkl, or the start of a legacy file), unread: for
     recognising a format by the class and key names it spells, without unpickling anything."""

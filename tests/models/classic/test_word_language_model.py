@@ -129,7 +129,7 @@ def test_engine_greedy_beam_and_logprobs_match_the_example(tmp_path, rnn_type):
         got = [lp.logprob for lp in greedy[0]["logprobs"]]
         want = [float(expected[len(prompt) - 1 + j, t]) for j, t in enumerate(greedy[0]["token_ids"])]
         assert got == pytest.approx(want, abs=1e-4)
-        beams = reference_beam(reference, prompt, 3, 3)
+        beams = reference_beam(lambda ids: reference_logits(reference, ids), prompt, 3, 3)
         assert [results[f"beam{i}"][j]["token_ids"] for j in range(3)] == [tokens for tokens, _ in beams]
         assert [results[f"beam{i}"][j]["cumulative_logprob"] for j in range(3)] == pytest.approx(
             [score for _, score in beams], abs=1e-4)

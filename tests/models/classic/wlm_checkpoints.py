@@ -117,15 +117,15 @@ def reference_greedy(model: torch.nn.Module, prompt: list[int], max_tokens: int)
 
 
 @torch.no_grad()
-def reference_beam(model: torch.nn.Module, prompt: list[int], width: int,
-                   max_tokens: int) -> list[tuple[list[int], float]]:
-    """Beam search with no end-of-sequence: the `width` best continuations of `max_tokens` tokens, with their
-    summed log-probabilities, best first (what any beam search returns when nothing ends early)."""
+def reference_beam(logits, prompt: list[int], width: int, max_tokens: int) -> list[tuple[list[int], float]]:
+    """Beam search with no end-of-sequence over `logits(token_ids) -> (T, V)`: the `width` best continuations
+    of `max_tokens` tokens with their summed log-probabilities, best first (what any beam search returns when
+    nothing ends early)."""
     beams = [([], 0.0)]
     for _ in range(max_tokens):
         candidates = []
         for tokens, score in beams:
-            logprobs = torch.log_softmax(reference_logits(model, prompt + tokens)[-1].double(), -1)
+            logprobs = torch.log_softmax(logits(prompt + tokens)[-1].double(), -1)
             candidates += [(tokens + [t], score + float(logprobs[t])) for t in range(len(logprobs))]
         beams = sorted(candidates, key=lambda c: -c[1])[:width]
     return beams
