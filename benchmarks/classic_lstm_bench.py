@@ -30,7 +30,7 @@ from . import quill_runs
 from .hardware import describe_machine, load_average
 from .tokenized import TokenizedRequest
 
-AWD = dict(vocab_size=60_000, d_embed=400, layer_sizes=[1152, 1152, 400])
+AWD_VOCAB, AWD_EMBED, AWD_HIDDEN = 60_000, 400, 1152  # fastai's WT103 model: layers of 1152, 1152, 400
 MARKERS = ["xxunk", "xxpad", "xxbos", "xxeos", "xxfld", "xxmaj", "xxup", "xxrep", "xxwrep"]
 
 
@@ -63,11 +63,19 @@ def workload(num_requests: int, prompt_len: int, max_tokens: int, vocab_size: in
 
 def run(args: argparse.Namespace, log=print) -> dict:
     torch.set_num_threads(args.threads or torch.get_num_threads())
+    shape = dict(vocab_size=args.vocab_size, d_embed=args.embed, layer_sizes=[args.hidden, args.hidden, args.embed])
+    before = os.environ.get("QUILL_CACHE_DIR")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["QUILL_CACHE_DIR"] = str(Path(tmp) / "cache")  # a conversion of its own, never the user's
-        source = write_awd_lstm(Path(tmp) / "wt103", **AWD)
-        loaded = load_checkpoint(source, device="cpu", dtype="float32", name="awd-lstm-random")
-    vocab = AWD["vocab_size"]
+        try:
+            source = write_awd_lstm(Path(tmp) / "wt103", **shape)
+            loaded = load_checkpoint(source, device="cpu", dtype="float32", name="awd-lstm-random")
+        finally:
+            if before is None:
+                del os.environ["QUILL_CACHE_DIR"]
+            else:
+                os.environ["QUILL_CACHE_DIR"] = before
+    vocab = args.vocab_size
     requests = workload(args.requests, args.prompt_len, args.max_tokens, vocab, "r", seed=1)
     warmup = workload(4, args.prompt_len, 2, vocab, "w", seed=2)
     engine = quill_runs.make_engine(loaded, requests + warmup, block_size=16, max_num_seqs=args.requests)
@@ -81,7 +89,8 @@ def run(args: argparse.Namespace, log=print) -> dict:
     if engine.cache.usage != 0:
         raise RuntimeError(f"cache usage {engine.cache.usage} after every request finished")
     return {
-        "model": {"shape": AWD, "parameters": loaded.num_parameters, "bytes_per_slot": engine.state.bytes_per_slot},
+        "model": {"shape": shape, "parameters": loaded.num_parameters,
+                  "bytes_per_slot": engine.state.bytes_per_slot},
         "workload": {"requests": args.requests, "serial_requests": args.serial_requests,
                      "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "greedy": True},
         "tokens_per_s_at_once": batched, "tokens_per_s_one_at_a_time": serial,
@@ -94,6 +103,9 @@ def run(args: argparse.Namespace, log=print) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.classic_lstm_bench",
                                      description=__doc__.split("\n")[0])
+    parser.add_argument("--vocab-size", type=int, default=AWD_VOCAB)
+    parser.add_argument("--embed", type=int, default=AWD_EMBED, help="embedding and top layer width")
+    parser.add_argument("--hidden", type=int, default=AWD_HIDDEN, help="width of the two lower layers")
     parser.add_argument("--requests", type=int, default=64, help="served at once (default 64)")
     parser.add_argument("--serial-requests", type=int, default=8,
                         help="of the same requests, served one at a time (its rate is per token: fewer suffice)")
