@@ -4,7 +4,9 @@ Our own checkpoints and Hugging Face checkpoints of the supported families load 
 the same function, from a directory, a bundled model's name or a hub id in the local
 Hugging Face cache. Beside the model and tokenizer, a Hugging Face checkpoint brings its
 generation_config.json (more end-of-sequence ids, sampling defaults) and its
-tokenizer_config.json and chat templates. Nothing is ever unpickled. Every problem is one
+tokenizer_config.json and chat templates. Nothing is unpickled here (a classic toolkit's checkpoint
+is converted first, models/classic, through an allow-list). A converted checkpoint may name text rules its
+tokenizer applies around tokenizer.json (metadata "text_rules": fastai's case markers). Every problem is one
 `CheckpointError` naming the file and what is wrong with it.
 """
 
@@ -195,6 +197,9 @@ def load_checkpoint(
     # A converted classic checkpoint's directory is named after a hash: name it after the original.
     name = name or (location.model_id if location.revision else
                     Path(location.model_id).name if location.converted else path.name)
+    if path.is_file():
+        raise CheckpointError(path, "a file, not a checkpoint directory nor a classic toolkit's checkpoint "
+                                    "(PyTorch word_language_model, fastai AWD-LSTM)")
     if not path.is_dir():
         raise CheckpointError(path, "no such checkpoint directory")
     for file in (CONFIG_FILE, TOKENIZER_FILE):

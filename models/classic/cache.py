@@ -40,7 +40,7 @@ def _files(paths: list[Path]) -> list[Path]:
 
 
 def conversion_key(chosen: ClassicFormat, path: Path, vocab: Path | None) -> str:
-    read = chosen.inputs(path, vocab) if chosen.inputs else [path if path.is_dir() else path.parent]
+    read = chosen.inputs(path, vocab) if chosen.inputs else [path] + ([vocab] if vocab is not None else [])
     digest = hashlib.sha256(f"{chosen.name}\0{CONVERSION_VERSION}".encode())
     for file in _files(read):
         digest.update(f"\0{file.name}\0".encode())

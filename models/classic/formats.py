@@ -33,8 +33,8 @@ class ClassicFormat:
     name: str  # as the user names it: "word_language_model", "awd_lstm", "fconv_lm"
     detect: Callable[[Path], bool]
     convert: Callable[[Path, Path | None], Converted]
-    # The files a conversion reads (model, vocabulary): what a cached conversion is keyed by. None: every
-    # file in the checkpoint's directory.
+    # The files a conversion reads (model, vocabulary): what a cached conversion is keyed by. None: the path
+    # given (a directory: every file under it) and the vocabulary given, if any.
     inputs: Callable[[Path, Path | None], list[Path]] | None = None
 
 

@@ -38,3 +38,10 @@ def test_generate_reads_the_original_directory(tmp_path):
                        "--temperature", "0", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("the cat") and len(result.stdout.split()) > 4
+
+
+def test_a_file_of_no_known_format_is_one_clear_line(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"\x00" * 16)
+    result = run_quill("generate", "hi", "--model", str(tmp_path / "weights.bin"))
+    assert result.returncode == 2
+    assert "not a checkpoint directory nor a classic toolkit's checkpoint" in result.stderr
