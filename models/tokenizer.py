@@ -39,7 +39,12 @@ class Tokenizer:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids; a ValueError for text the tokenizer cannot encode (a word-level vocabulary with no
+        unknown-word token meeting a word it lacks)."""
+        try:
+            return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        except Exception as e:  # tokenizers raises a bare Exception
+            raise ValueError(str(e)) from None
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -133,3 +133,13 @@ def test_engine_greedy_beam_and_logprobs_match_the_example(tmp_path, rnn_type):
         assert [results[f"beam{i}"][j]["token_ids"] for j in range(3)] == [tokens for tokens, _ in beams]
         assert [results[f"beam{i}"][j]["cumulative_logprob"] for j in range(3)] == pytest.approx(
             [score for _, score in beams], abs=1e-4)
+
+
+def test_a_vocabulary_without_unk_refuses_unknown_words_as_a_value_error(tmp_path):
+    _, directory = original(tmp_path, "LSTM")
+    words = [w if w != "<unk>" else "<blank>" for w in WORDS]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    tokenizer = convert(directory, tmp_path / "vocab.txt").tokenizer
+    assert tokenizer.encode("the cat") == [1, 2]
+    with pytest.raises(ValueError):  # the API answers 400 (server/api/validation.py)
+        tokenizer.encode("the zebra")
