@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from models.checkpoint import CheckpointError, load_checkpoint
+from models.checkpoint import DTYPES, CheckpointError, load_checkpoint, save_checkpoint
 
 from clients.bench.cli import add_bench_parser
 from clients.cli import add_client_parsers, run_guarded
@@ -46,21 +46,16 @@ def _add_generate_parser(subparsers) -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    import torch
-
-    from models.checkpoint import DTYPES, save_checkpoint
     from models.classic.formats import convert  # the classic formats load only for this command
 
     converted = convert(args.source, args.vocab, args.format)
     out = save_checkpoint(args.out, converted.architecture, converted.model, converted.tokenizer,
-                          dtype=DTYPES.get(args.dtype, torch.float32), metadata=converted.metadata)
+                          dtype=DTYPES[args.dtype], metadata=converted.metadata)
     print(f"{args.source} ({converted.metadata['source_format']}) -> {out}")
     return 0
 
 
 def _add_convert_parser(subparsers) -> None:
-    from models.checkpoint import DTYPES
-
     p = subparsers.add_parser("convert", help="write a classic toolkit's checkpoint as a Quill checkpoint directory")
     p.add_argument("source", help="the model file, or the directory holding it and its vocabulary")
     p.add_argument("--vocab", default=None,
