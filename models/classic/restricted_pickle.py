@@ -20,6 +20,9 @@ import torch
 from models.errors import CheckpointError
 
 _REFUSED = re.compile(r"GLOBAL ([\w.]+)")  # how torch's weights-only unpickler names a class it refused
+_UNPICKLER_SAYS = re.compile(r"WeightsUnpickler error: \s*(.+)")  # its reason, after its advice
+# What the weights-only unpickler says of the legacy format's ("module", class, file, source) records.
+_LEGACY_MODULE = "Only persistent_load of storage is allowed"
 
 
 class PickledObject:
@@ -43,6 +46,11 @@ def _stand_in(qualified_name: str) -> tuple[type, str]:
     return type(name, (PickledObject,), {"qualified_name": qualified_name}), qualified_name
 
 
+def _reason(message: str) -> str:
+    said = _UNPICKLER_SAYS.search(message)
+    return said.group(1).strip() if said else message.splitlines()[0]
+
+
 def load_restricted(path: str | Path, allowed: Iterable[str] = ()) -> object:
     """The object pickled in `path` (a torch.save file), each class in `allowed` ("module.Name") rebuilt as
     a `PickledObject`; a file naming another class is refused with a CheckpointError naming it."""
@@ -51,8 +59,12 @@ def load_restricted(path: str | Path, allowed: Iterable[str] = ()) -> object:
         with torch.serialization.safe_globals([_stand_in(name) for name in allowed]):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        if _LEGACY_MODULE in str(e):
+            raise CheckpointError(path, "a whole module saved in PyTorch's format before 1.6, which stores its "
+                                        "classes' source code for the loader to run: Quill does not read it; where "
+                                        "you trust the file, load it and save its state_dict() instead") from None
         wanted = _REFUSED.search(str(e))
-        what = f"class {wanted.group(1)}" if wanted else str(e).splitlines()[0]
+        what = f"class {wanted.group(1)}" if wanted else _reason(str(e))
         raise CheckpointError(path, f"the file needs {what}, which Quill does not unpickle "
                                     f"(allowed: {', '.join(allowed) or 'tensors and plain containers'})") from None
     except (RuntimeError, EOFError, OSError) as e:

@@ -60,12 +60,14 @@ def fastai_state_dict(model: AwdLstm) -> OrderedDict:
     return sd
 
 
-def save_awd(model: AwdLstm, directory: Path, with_opt: bool = True) -> Path:
-    """lstm_fwd.pth and itos_wt103.pkl in `directory`, as learner.save and the model zoo have them."""
+def save_awd(model: AwdLstm, directory: Path, with_opt: bool = True, legacy: bool = False) -> Path:
+    """lstm_fwd.pth and itos_wt103.pkl in `directory`, as learner.save and the model zoo have them (`legacy`:
+    in the pre-zip torch.save format of PyTorch before 1.6, which the zoo's 2019 files were written in)."""
     directory.mkdir(parents=True, exist_ok=True)
     sd = fastai_state_dict(model)
     opt = {"opt_state": {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 1e-3}]}, "lr": [1e-3]}
-    torch.save({"model": sd, "opt": opt} if with_opt else sd, directory / "lstm_fwd.pth")
+    torch.save({"model": sd, "opt": opt} if with_opt else sd, directory / "lstm_fwd.pth",
+               _use_new_zipfile_serialization=not legacy)
     with open(directory / "itos_wt103.pkl", "wb") as f:
         pickle.dump(list(ITOS), f)
     return directory

@@ -25,10 +25,11 @@ from tests.server.engine.helpers import run_to_completion
 PROMPTS = [[2, 14, 12, 13, 10], [2], [2, 5, 9, 12, 18, 19, 11, 10, 27, 16, 9, 28, 22, 24, 10]]
 
 
-@pytest.mark.parametrize("with_opt", [True, False], ids=["with-opt", "bare"])
-def test_logits_match_the_architecture_full_chunked_and_stepped(tmp_path, with_opt):
+@pytest.mark.parametrize("with_opt,legacy", [(True, False), (False, False), (True, True)],
+                         ids=["with-opt", "bare", "legacy-format"])
+def test_logits_match_the_architecture_full_chunked_and_stepped(tmp_path, with_opt, legacy):
     reference = build_awd()
-    converted = convert(save_awd(reference, tmp_path / "wt103", with_opt))
+    converted = convert(save_awd(reference, tmp_path / "wt103", with_opt, legacy))
     config = converted.model.config
     assert (config.layer_sizes, config.d_embed, config.tie_embeddings) == ([12, 12, 8], 8, True)
     for prompt in PROMPTS:

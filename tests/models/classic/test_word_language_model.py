@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import sys
 import zipfile
 
 import pytest
@@ -51,6 +52,19 @@ def test_whole_model_logits_match_the_example(tmp_path, rnn_type, tied):
         chunks = [prompt[:3]] + [[t] for t in prompt[3:]] if len(prompt) > 3 else [prompt]
         stepped = torch.cat([cache.run([0], [chunk])[0] for chunk in chunks])
         torch.testing.assert_close(stepped, expected, atol=1e-5, rtol=0)
+
+
+def test_legacy_format_whole_model_is_refused_saying_what_to_do(tmp_path):
+    # PyTorch before 1.6 stored a pickled module's class source for the loader to check: not readable safely.
+    reference = build_rnn_model(tmp_path / "code", "LSTM")
+    directory = write_corpus(tmp_path / "run")
+    torch.save(reference, directory / "model.pt", _use_new_zipfile_serialization=False)
+    sys.modules.pop("model", None)
+    with pytest.raises(CheckpointError, match=r"before 1.6.*save its state_dict\(\)"):
+        convert(directory)
+    torch.save(reference.state_dict(), directory / "model.pt", _use_new_zipfile_serialization=False)
+    torch.testing.assert_close(convert(directory).model(torch.tensor([PROMPTS[0]]))[0],
+                               reference_logits(reference, PROMPTS[0]), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("rnn_type", ["LSTM", "GRU"])
