@@ -77,3 +77,13 @@ def test_beam_search_matches_the_toolkit(originals, client, name):
 
 def test_models_are_named_as_served(client):
     assert [m.id for m in client.models.list()] == ["wlm-lstm", "wlm-gru", "awd-lstm"]
+
+
+def test_served_in_the_api_process_too(originals, tmp_path):
+    """Without --engine-process the API process converts and loads the original itself: same answer."""
+    model, path, tokenizer = originals["awd-lstm"]
+    prompt_ids = tokenizer.encode(PROMPTS["awd-lstm"])
+    with LiveServer({"awd-lstm": str(path)}, env={"QUILL_CACHE_DIR": str(tmp_path / "cache")}) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        done = client.completions.create(model="awd-lstm", prompt=PROMPTS["awd-lstm"], max_tokens=6, temperature=0)
+    assert done.choices[0].text == tokenizer.decode_continuation(prompt_ids, greedy(model, prompt_ids, 6))
