@@ -4,7 +4,9 @@ Our own checkpoints and Hugging Face checkpoints of the supported families load 
 the same function, from a directory, a bundled model's name or a hub id in the local
 Hugging Face cache. Beside the model and tokenizer, a Hugging Face checkpoint brings its
 generation_config.json (more end-of-sequence ids, sampling defaults) and its
-tokenizer_config.json and chat templates. Nothing is ever unpickled. Every problem is one
+tokenizer_config.json and chat templates. Nothing is unpickled here (a classic toolkit's checkpoint
+is converted first, models/classic, through an allow-list). A converted checkpoint may name text rules its
+tokenizer applies around tokenizer.json (metadata "text_rules": fastai's case markers). Every problem is one
 `CheckpointError` naming the file and what is wrong with it.
 """
 
@@ -192,7 +194,12 @@ def load_checkpoint(
         location = locate(path, revision)
     path = location.path
     # A hub snapshot's directory is named after a commit: name the model after its hub id.
-    name = name or (location.model_id if location.revision else path.name)
+    # A converted classic checkpoint's directory is named after a hash: name it after the original.
+    name = name or (location.model_id if location.revision else
+                    Path(location.model_id).name if location.converted else path.name)
+    if path.is_file():
+        raise CheckpointError(path, "a file, not a checkpoint directory nor a classic toolkit's checkpoint "
+                                    "(PyTorch word_language_model, fastai AWD-LSTM)")
     if not path.is_dir():
         raise CheckpointError(path, "no such checkpoint directory")
     for file in (CONFIG_FILE, TOKENIZER_FILE):
@@ -207,6 +214,13 @@ def load_checkpoint(
     eos_ids += [i for i in generation.eos_token_ids if i not in eos_ids]
     tokenizer_config = read_tokenizer_config(path)
     tokenizer = _read_tokenizer(path / TOKENIZER_FILE, eos_ids, config.vocab_size)
+    if metadata.get("text_rules"):  # a classic toolkit's rules around the vocabulary (fastai's case markers)
+        from .classic.text_rules import with_text_rules
+
+        try:
+            tokenizer = with_text_rules(metadata["text_rules"], tokenizer)
+        except ValueError as e:
+            raise CheckpointError(path / CONFIG_FILE, str(e)) from None
 
     _, model_cls = ARCHITECTURES[architecture]
     with torch.device("meta"):

@@ -1,5 +1,6 @@
-"""Where a model's files are: a checkpoint directory, a model bundled with Quill, or a
-Hugging Face hub id (`org/name`) found in the local Hugging Face cache.
+"""Where a model's files are: a checkpoint directory, a model bundled with Quill, a Hugging Face hub id
+(`org/name`) found in the local Hugging Face cache, or a classic toolkit's checkpoint (a model file, or
+the directory of its original files), converted once into a Quill checkpoint (models/classic/cache.py).
 
 The cache is the one `huggingface_hub` uses, read from the environment when a model is
 looked up (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub). With
@@ -41,6 +42,7 @@ class ModelLocation:
     path: Path  # the directory holding config.json and the rest
     model_id: str  # as it was asked for: a hub id, a bundled name or a directory
     revision: str | None = None  # the commit of a hub snapshot
+    converted: bool = False  # path is the conversion of a classic checkpoint (model_id names the original)
 
 
 def is_hub_id(name: str) -> bool:
@@ -134,6 +136,12 @@ def locate(name_or_path: str | Path, revision: str | None = None) -> ModelLocati
     if revision is not None:
         raise ValueError(f"revision {revision} was asked for, but {spec} is not a Hugging Face hub id (only hub "
                          "ids have revisions)")
+    if path.is_file() or (path.is_dir() and not (path / "config.json").exists()):
+        from .classic.cache import converted_checkpoint  # loads the classic formats only for such paths
+
+        converted = converted_checkpoint(path)
+        if converted is not None:
+            return ModelLocation(converted, spec, converted=True)
     if path.exists():
         return ModelLocation(path, spec)
     if (BUNDLED_DIR / path).is_dir():

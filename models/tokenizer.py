@@ -22,6 +22,10 @@ UNFINISHED = "\ufffd"  # what a UTF-8 character cut short decodes to
 class Tokenizer:
     """A tokenizer.json plus the id that ends a sequence."""
 
+    # False in a subclass whose encode/decode add rules of their own around the tokenizer.json (fastai's
+    # xxmaj/xxup): IncrementalDecoder then decodes through `decode`, never tokenizers' DecodeStream.
+    decodes_in_rust = True
+
     def __init__(self, hf_tokenizer: HFTokenizer, eos_token_id: int | None):
         self.hf = hf_tokenizer
         self.eos_token_id = eos_token_id
@@ -35,7 +39,12 @@ class Tokenizer:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids; a ValueError for text the tokenizer cannot encode (a word-level vocabulary with no
+        unknown-word token meeting a word it lacks)."""
+        try:
+            return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        except Exception as e:  # tokenizers raises a bare Exception
+            raise ValueError(str(e)) from None
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -93,10 +102,11 @@ class IncrementalDecoder:
     __slots__ = ("_hf", "_skip_special_tokens", "_stream", "_ids", "_prefix_offset", "_read_offset", "_cut")
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True):
-        self._hf = tokenizer.hf
+        self._hf = tokenizer.hf if tokenizer.decodes_in_rust else tokenizer  # what `decode`s and `decode_batch`es
         self._skip_special_tokens = skip_special_tokens
         context, context_text = context_ids(tokenizer, prompt_ids, skip_special_tokens)
-        self._stream: DecodeStream | None = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
+        self._stream: DecodeStream | None = (DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
+                                             if tokenizer.decodes_in_rust else None)
         self._ids = context  # context, then every pushed id
         self._prefix_offset = 0  # the text of ids[prefix_offset:read_offset] was emitted (or is context)
         self._read_offset = len(context)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from models.checkpoint import CheckpointError, load_checkpoint
+from models.checkpoint import DTYPES, CheckpointError, load_checkpoint, save_checkpoint
 
 from clients.bench.cli import add_bench_parser
 from clients.cli import add_client_parsers, run_guarded
@@ -30,7 +30,8 @@ def _add_generate_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="load a checkpoint and continue a prompt, offline")
     p.add_argument("prompt")
     p.add_argument("--model", default="shakespeare-transformer",
-                   help="checkpoint directory, bundled model name or Hugging Face hub id (org/name)")
+                   help="checkpoint directory, bundled model name, Hugging Face hub id (org/name), or a classic "
+                        "toolkit's model file (or its directory, the vocabulary beside it)")
     p.add_argument("--revision", default=None,
                    help="of a hub id: a branch or tag (the cache's refs/REV) or a commit, in full or a prefix of a "
                         "cached one (default: main)")
@@ -42,6 +43,28 @@ def _add_generate_parser(subparsers) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     p.set_defaults(run=_generate)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from models.classic.formats import convert  # the classic formats load only for this command
+
+    converted = convert(args.source, args.vocab, args.format)
+    out = save_checkpoint(args.out, converted.architecture, converted.model, converted.tokenizer,
+                          dtype=DTYPES[args.dtype], metadata=converted.metadata)
+    print(f"{args.source} ({converted.metadata['source_format']}) -> {out}")
+    return 0
+
+
+def _add_convert_parser(subparsers) -> None:
+    p = subparsers.add_parser("convert", help="write a classic toolkit's checkpoint as a Quill checkpoint directory")
+    p.add_argument("source", help="the model file, or the directory holding it and its vocabulary")
+    p.add_argument("--vocab", default=None,
+                   help="vocabulary file or training-data directory, where the model does not keep its own "
+                        "(default: looked for beside the model)")
+    p.add_argument("--format", default=None, help="the toolkit's format, when it cannot be told from the files")
+    p.add_argument("--out", required=True, help="directory to write (config.json, model.safetensors, tokenizer.json)")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="of the weights written")
+    p.set_defaults(run=_convert)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -67,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_serve_parser(subparsers)
     _add_generate_parser(subparsers)
+    _add_convert_parser(subparsers)
     _add_train_parser(subparsers)
     add_client_parsers(subparsers)
     add_bench_parser(subparsers)

@@ -144,9 +144,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, dest=dest, action="append", default=env.split(",") if env else None,
                        help=f"{help_} (env QUILL_{name.upper()}, comma-separated)")
 
-    repeated("--model", "models", "NAME=MODEL or MODEL, where MODEL is a checkpoint directory or a Hugging Face hub "
-                                  "id (org/name) in the local HF cache; repeat for several models; the first is the "
-                                  "default (default: the three bundled models)")
+    repeated("--model", "models", "NAME=MODEL or MODEL, where MODEL is a checkpoint directory, a Hugging Face hub "
+                                  "id (org/name) in the local HF cache, or a classic toolkit's model file (or its "
+                                  "directory, the vocabulary beside it), converted once into $QUILL_CACHE_DIR; "
+                                  "repeat for several models; the first is the default (default: the three bundled "
+                                  "models)")
     repeated("--revision", "revisions", "[NAME=]REV: read the hub id of model NAME, or of every model given by hub "
                                         "id, at REV: a branch or tag (the cache's refs/REV) or a commit, in full or "
                                         "a prefix of a cached one (default: main)")

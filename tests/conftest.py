@@ -42,6 +42,7 @@ TEXT = [
 TINY_CONFIGS = {
     "lstm": ("lstm", dict(d_embed=16, d_hidden=24, n_layers=2, d_proj=16)),
     "lstm-untied": ("lstm", dict(d_embed=16, d_hidden=24, n_layers=1, tie_embeddings=False)),
+    "lstm-layer-sizes": ("lstm", dict(d_embed=16, layer_sizes=[24, 20, 16], output_bias=True)),
     "gcnn": ("gcnn", dict(d_embed=16, d_model=24, n_blocks=2, layers_per_block=2, kernel_size=3)),
     "gcnn-k1": ("gcnn", dict(d_embed=24, d_model=24, n_blocks=1, layers_per_block=1, kernel_size=1)),
     "transformer-llama": ("transformer", dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)),

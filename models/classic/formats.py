@@ -33,6 +33,9 @@ class ClassicFormat:
     name: str  # as the user names it: "word_language_model", "awd_lstm", "fconv_lm"
     detect: Callable[[Path], bool]
     convert: Callable[[Path, Path | None], Converted]
+    # The files a conversion reads (model, vocabulary): what a cached conversion is keyed by. None: the path
+    # given (a directory: every file under it) and the vocabulary given, if any.
+    inputs: Callable[[Path, Path | None], list[Path]] | None = None
 
 
 FORMATS: list[ClassicFormat] = []  # each format module appends its own (see load order at the bottom)
@@ -60,3 +63,8 @@ def convert(path: str | Path, vocab: str | Path | None = None, format_name: str 
         converted = chosen.convert(path, None if vocab is None else Path(vocab))
     converted.metadata.setdefault("source_format", chosen.name)
     return converted
+
+
+# The formats, in the order they are tried (each module appends its own on import).
+from . import word_language_model  # noqa: E402,F401
+from . import awd_lstm  # noqa: E402,F401

@@ -96,7 +96,10 @@ def encode_prompt(hosted: HostedModel, prompt: str | list[int], param: str = "pr
             prompt.encode("utf-8")
         except UnicodeEncodeError as e:  # JSON can carry lone surrogates (\ud800); text cannot
             raise invalid(f"the prompt is not valid Unicode ({e.reason} at position {e.start})", param) from None
-        ids = hosted.tokenizer.encode(prompt)
+        try:
+            ids = hosted.tokenizer.encode(prompt)
+        except ValueError as e:  # a word-level vocabulary without an unknown-word token
+            raise invalid(f"the prompt cannot be tokenized: {e}", param) from None
     else:
         ids = list(prompt)
         check_token_ids(hosted, ids, param)
