@@ -34,6 +34,23 @@ def token_counts(token_ids: list[list[int]], vocab_size: int, device: torch.devi
     return counts.view(num_rows, width)[:, :vocab_size]
 
 
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(C, words) int32, bit t % 32 of word t // 32 set when token t is allowed -> (C, V) bool."""
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # (C, words, 32)
+    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def apply_allowed_tokens(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """-inf wherever the grammar of row rows[i] forbids a token (bitmask[i], llguidance's layout); other rows
+    are left as they are. rows: (C,) int64, bitmask: (C, words) int32 on the logits' device."""
+    forbidden = ~unpack_bitmask(bitmask, logits.shape[-1])  # (C, V)
+    if rows.shape[0] == logits.shape[0]:  # every row constrained, in order (the caller checks on the host)
+        return logits.masked_fill(forbidden, NEG_INF)
+    constrained = logits.index_select(0, rows).masked_fill(forbidden, NEG_INF)
+    return logits.index_copy(0, rows, constrained)
+
+
 def apply_banned_tokens(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """-inf at (rows[i], token_ids[i]); used to keep EOS and stop ids out until min_tokens."""
     return logits.index_put((rows, token_ids), logits.new_full((), NEG_INF))
