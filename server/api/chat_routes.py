@@ -32,6 +32,7 @@ from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
 from .generation import resolve_model, submit, until_disconnected
 from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
+from .structured_fields import check_constraint
 from .token_texts import TokenTexts
 from .tracking import RequestTracker
 from .validation import check_context, check_max_tokens, check_sequences, invalid
@@ -73,8 +74,6 @@ def _check_unsupported(request: ChatCompletionRequest) -> None:
         raise invalid("tools are not supported by this server; leave them out", "tools")
     if request.tool_choice not in (None, "none", "auto"):  # "auto" with no tools is no tool use
         raise invalid("tool_choice is not supported by this server; leave it out", "tool_choice")
-    if request.response_format is not None and request.response_format.get("type") != "text":
-        raise invalid("only response_format {\"type\": \"text\"} is supported", "response_format")
 
 
 def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: HostedModel) -> _AcceptedChat:
@@ -133,6 +132,7 @@ async def create_chat_completion(request: ChatCompletionRequest, http: Request):
     state = http.app.state
     hosted = resolve_model(http, _model_name(http, request.model))
     plan = _validate(request, state.config, hosted)
+    await check_constraint(hosted, plan.params.structured, request.structured_output()[1])
     tracker = RequestTracker(state.metrics, hosted.name, plan.completion_id, len(plan.prompt.ids),
                              plan.prompt.text if state.config.log_prompts else None)
     stream = submit(hosted, plan.prompt.ids, plan.params, plan.completion_id)

@@ -79,7 +79,6 @@ class ChatCompletionRequest(ChatTemplateOptions, OpenAISampling):
     # Not supported: refused when given, never silently ignored.
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
 
     def to_sampling_params(self, hosted: HostedModel, max_tokens: int) -> SamplingParams:
         """Beam search answers all n beams."""

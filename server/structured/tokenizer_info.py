@@ -34,10 +34,27 @@ class _PieceVocabulary:
         # llguidance marks a special token by a leading 0xFF byte (never in UTF-8 text).
         self.tokens = [b"\xff" + (p or "").encode() if i in special or p is None else piece_bytes(p)
                        for i, p in enumerate(pieces)]
-        self._hf = hf
+        self._ids = {}
+        for i, spelled in enumerate(self.tokens):
+            if i not in special and spelled:
+                self._ids.setdefault(spelled, i)
+        self._longest = max(map(len, self._ids), default=1)
 
-    def __call__(self, text: str) -> list[int]:
-        return self._hf.encode(text, add_special_tokens=False).ids
+    def __call__(self, text: str | bytes) -> list[int]:
+        """Greedy longest-match ids for the text. The tokenizer's own encode would not do: it prepends a "▁"
+        to a text's start, and llguidance tokenizes pieces of the grammar, which are not a text's start."""
+        data = text.encode() if isinstance(text, str) else text
+        ids, i = [], 0
+        while i < len(data):
+            for size in range(min(self._longest, len(data) - i), 0, -1):
+                token = self._ids.get(data[i:i + size])
+                if token is not None:
+                    ids.append(token)
+                    i += size
+                    break
+            else:
+                i += 1  # a byte no token spells: it cannot be produced, nor matched
+        return ids
 
 
 def piece_bytes(piece: str) -> bytes:
