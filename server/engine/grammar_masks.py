@@ -1,10 +1,12 @@
-"""The token masks of a step's constrained sequences, filled on the host while the device runs the forward pass.
+"""The token masks of a step's constrained sequences, filled on the host before or while the forward pass runs.
 
-`start` is called before the model step is launched and hands the fill to a thread of its own (llguidance
-releases the interpreter lock and spreads the rows over its own threads), so the masks are computed while
-the forward pass runs (on CUDA the host is free once it has queued the kernels; on the CPU the two share the
-cores). The sampler waits for them only when it needs them. A step with no constrained sequence does nothing
-here. Each distinct sequence gets one mask row; a prompt that forks into n samples uses its row n times.
+`start` is called before the model step is launched. On a GPU it hands the fill to a thread of its own
+(llguidance releases the interpreter lock and spreads the rows over its own threads), so the masks are
+computed while the device runs the forward pass the host has queued. On the CPU the forward pass is the host's
+own work on every core: a fill beside it oversubscribed the cores and slowed the forward pass 3-4x (2-core
+EPYC, 64 constrained rows, benchmarks/structured_bench.py), so there the masks are filled first, in line
+(about 10 us per row). The sampler waits for them only when it needs them. A step with no constrained sequence
+does nothing here. Each distinct sequence gets one mask row; a prompt that forks into n samples uses it n times.
 """
 
 from __future__ import annotations
@@ -22,17 +24,18 @@ from .sequence import Sequence
 class PendingMasks:
     """Masks being filled for some sequences: `row_of[seq]` is a sequence's row of `bitmask()`."""
 
-    def __init__(self, row_of: dict[Sequence, int], host: torch.Tensor, filled: Future, device: torch.device):
+    def __init__(self, row_of: dict[Sequence, int], host: torch.Tensor, filled: Future | None, device: torch.device):
         self.row_of = row_of
         self._host = host
-        self._filled = filled
+        self._filled = filled  # None: filled already
         self._device = device
         self._on_device: torch.Tensor | None = None
 
     def bitmask(self) -> torch.Tensor:
         """(C, words) int32 on the device, once the fill is done."""
         if self._on_device is None:
-            self._filled.result()
+            if self._filled is not None:
+                self._filled.result()
             self._on_device = self._host.to(self._device, non_blocking=True)
         return self._on_device
 
@@ -53,7 +56,8 @@ class GrammarMasks:
     def __init__(self, vocab_size: int, device: torch.device):
         self.words = bitmask_words(vocab_size)
         self.device = device
-        self._executor: LLExecutor | None = None  # llguidance's threads, made when a grammar is first used
+        self.overlaps = device.type != "cpu"  # see the module's docstring
+        self._executor: LLExecutor | None = None  # llguidance's threads and ours, made when a grammar is first used
         self._thread: ThreadPoolExecutor | None = None
 
     def start(self, seqs: list[Sequence]) -> PendingMasks | None:
@@ -61,11 +65,15 @@ class GrammarMasks:
         constrained = list(dict.fromkeys(seq for seq in seqs if seq.grammar is not None))
         if not constrained:
             return None
+        host = torch.empty(len(constrained), self.words, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        matchers = [seq.grammar for seq in constrained]
+        row_of = {seq: i for i, seq in enumerate(constrained)}
+        if not self.overlaps:
+            for row, matcher in enumerate(matchers):
+                matcher.fill(host, row)
+            return PendingMasks(row_of, host, None, self.device)
         if self._thread is None:
             self._executor = LLExecutor()
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="quill-masks")
-        host = torch.empty(len(constrained), self.words, dtype=torch.int32,
-                           pin_memory=self.device.type == "cuda")
-        matchers = [seq.grammar for seq in constrained]
-        filled = self._thread.submit(fill_bitmasks, self._executor, matchers, host)
-        return PendingMasks({seq: i for i, seq in enumerate(constrained)}, host, filled, self.device)
+        return PendingMasks(row_of, host, self._thread.submit(fill_bitmasks, self._executor, matchers, host),
+                            self.device)

@@ -88,3 +88,17 @@ def test_a_refused_grammar_is_refused_at_add(loaded):
     core = engine(loaded)
     with pytest.raises(ValueError, match="if"):
         core.add_request("x", PROMPT, SamplingParams(structured=StructuredOutput.json_schema({"if": {}})))
+
+
+def test_masks_filled_on_a_thread_give_the_same_tokens(loaded):
+    """The GPU's way (masks filled beside the forward pass) against the CPU's (filled first, in line)."""
+    structured = StructuredOutput.json_schema(SCHEMA)
+    outputs = []
+    for overlaps in (False, True):
+        core = engine(loaded)
+        core.runner.grammar_masks.overlaps = overlaps
+        for i in range(3):
+            core.add_request(f"c{i}", PROMPT, SamplingParams(max_tokens=60, temperature=1.0, seed=i,
+                                                             structured=structured))
+        outputs.append(run_to_completion(core))
+    assert outputs[0] == outputs[1]
