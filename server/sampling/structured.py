@@ -42,7 +42,8 @@ class StructuredOutput:
 
     @classmethod
     def json_schema(cls, schema: dict | bool | str) -> StructuredOutput:
-        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True))
+        # Key order kept: properties are generated in the order the schema lists them.
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
 
     @classmethod
     def choice(cls, choices: list[str]) -> StructuredOutput:
