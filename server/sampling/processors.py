@@ -35,10 +35,15 @@ def token_counts(token_ids: list[list[int]], vocab_size: int, device: torch.devi
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """(C, words) int32, bit t % 32 of word t // 32 set when token t is allowed -> (C, V) bool."""
-    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # (C, words, 32)
-    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
+    """(C, words) int32, bit t % 32 of word t // 32 set when token t is allowed -> (C, V) bool.
+
+    Read as little-endian bytes, token t is bit t % 8 of byte t // 8, so a 256-row table of each byte's 8 bits
+    unpacks a row with one gather, writing 1 byte per token (shifting the words wrote an int32 per token first).
+    """
+    device = bitmask.device
+    bits_of_byte = ((torch.arange(256, device=device).unsqueeze(1) >> torch.arange(8, device=device)) & 1).bool()
+    as_bytes = bitmask.contiguous().view(torch.uint8).reshape(-1)  # (C * words * 4,); little-endian on x86 and CUDA
+    return bits_of_byte.index_select(0, as_bytes.int()).view(bitmask.shape[0], -1)[:, :vocab_size]
 
 
 def apply_allowed_tokens(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
