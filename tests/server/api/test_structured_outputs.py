@@ -116,3 +116,15 @@ async def test_refusals_name_what_was_refused(client, fields, param, words):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and words in error["message"], error
+
+
+async def test_allowed_next_tokens_for_the_playground(client):
+    body = {"model": "shakespeare", "structured_outputs": {"json": SCHEMA}, "text": '{"word":"',
+            "alternatives": ["to", "be", "xyz", "}"]}
+    r = await client.post("/v1/structured/allowed", json=body)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["text_follows"] and answer["allowed"] == [True, True, False, False]
+    assert 0 < answer["num_allowed"] < answer["vocab_size"]
+    r = await client.post("/v1/structured/allowed", json={**body, "text": "nope"})
+    assert r.json()["text_follows"] is False
