@@ -9,11 +9,15 @@ request's progress into a `RequestOutput` delta. Plain Python: no tensors.
 
 from __future__ import annotations
 
+import logging
+
 from models.tokenizer import IncrementalDecoder, Tokenizer
 from server.sampling import StopChecker
 
 from .outputs import CompletionOutput, RequestOutput, TokenLogprob
 from .sequence import Sequence, SequenceGroup
+
+log = logging.getLogger("quill.engine")
 
 
 class OutputProcessor:
@@ -36,7 +40,9 @@ class OutputProcessor:
         seq.text = text = seq.text + seq.decoder.push(token)
         decision = seq.stop.check(token, text, len(token_ids) - seq.num_prompt_tokens)
         if seq.grammar is not None:
-            seq.grammar.consume(token)
+            if not seq.grammar.consume(token):  # only when its mask allowed nothing (a vocabulary that cannot spell it)
+                log.warning("request %s: token %d does not follow its grammar (%s); its sequence ends",
+                            seq.group.request_id, token, seq.grammar.error)
             if not decision.finished and seq.grammar.is_done:  # nothing may follow: end here, not at max_tokens
                 seq.text += seq.decoder.flush()
                 seq.finish_reason = "stop"
