@@ -136,10 +136,11 @@ def from_tgi_grammar(grammar: TGIGrammar | None, param: str = "parameters.gramma
 
 
 async def check_constraint(hosted: HostedModel, structured: StructuredOutput | None, param: str | None) -> None:
-    """Compile the constraint (cached) within the server's time limit; 400 naming `param` if it is refused."""
+    """Compile the constraint (cached) within the server's time limit; 400 naming `param` if it is refused.
+    Call it before submitting any request whose SamplingParams.structured is set, whatever set it."""
     if structured is None:
         return
     try:
         await hosted.grammars.check(structured)
     except GrammarError as e:
-        raise invalid(f"{param}: {e}", param) from None
+        raise invalid(f"{param}: {e}" if param else str(e), param) from None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -71,9 +70,6 @@ class GrammarCompiler:
         """A matcher in its start state for one sequence."""
         return GrammarMatcher(self.compile(structured).deep_copy())
 
-    def close(self) -> None:
-        self._threads.shutdown(wait=False, cancel_futures=True)
-
     # ---- the cache ---------------------------------------------------------------------------------
 
     def _start(self, structured: StructuredOutput) -> Future:
@@ -89,7 +85,6 @@ class GrammarCompiler:
             return self._running[key]
 
     def _compile(self, structured: StructuredOutput) -> LLMatcher | GrammarError:
-        start = time.perf_counter()
         try:
             matcher = LLMatcher(self.tokenizer, grammar_text(structured), limits=self.limits, log_level=0)
             outcome = GrammarError(refusal(matcher.get_error())) if matcher.is_error() else matcher
@@ -97,7 +92,6 @@ class GrammarCompiler:
             outcome = e
         except Exception as e:  # llguidance raises ValueError for a schema it cannot parse as JSON at all
             outcome = GrammarError(str(e))
-        self.last_compile_s = time.perf_counter() - start
         self._remember(structured.key, outcome)
         return outcome
 
