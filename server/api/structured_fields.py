@@ -110,6 +110,8 @@ def constraint(kind: str, value: Any, param: str) -> StructuredOutput:
 def from_response_format(f: ResponseFormat) -> StructuredOutput | None:
     if f.type == "text":
         return None
+    if f.type == "json_schema" and f.json_schema is None and isinstance(f.value, dict) and "schema" in f.value:
+        return constraint("json", f.value["schema"], "response_format.value.schema")  # TGI 3's {name, schema}
     if f.type == "json_schema":
         if f.json_schema is None or f.json_schema.schema_ is None:
             raise invalid('response_format of type "json_schema" needs json_schema.schema', "response_format")

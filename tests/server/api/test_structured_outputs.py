@@ -100,6 +100,9 @@ async def test_tgi_grammar_and_messages_response_format(client):
     r = await chat(client, messages=[{"role": "user", "content": "hi"}], max_tokens=60,
                    response_format={"type": "json_object", "value": SCHEMA})
     assert follows(r.json()["choices"][0]["message"]["content"])
+    r = await chat(client, messages=[{"role": "user", "content": "hi"}], max_tokens=60,
+                   response_format={"type": "json_schema", "value": {"name": "w", "schema": SCHEMA}})
+    assert follows(r.json()["choices"][0]["message"]["content"])
 
 
 @pytest.mark.parametrize("fields, param, words", [
