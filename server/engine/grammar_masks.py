@@ -16,6 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 from llguidance import LLExecutor
 
+from models.host_copy import to_device
+
 from server.structured.matcher import bitmask_words, fill_bitmasks
 
 from .sequence import Sequence
@@ -48,8 +50,8 @@ class PendingMasks:
         mask_rows = [self.row_of[seqs[i]] for i in rows]
         bitmask = self.bitmask()
         if mask_rows != list(range(bitmask.shape[0])):
-            bitmask = bitmask.index_select(0, torch.tensor(mask_rows, device=bitmask.device))
-        return torch.tensor(rows, device=bitmask.device), bitmask
+            bitmask = bitmask.index_select(0, to_device(mask_rows, bitmask.device))
+        return to_device(rows, bitmask.device), bitmask
 
 
 class GrammarMasks:
