@@ -45,6 +45,7 @@ class ServerConfig:
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
     max_tokens_limit: int = 4096  # largest max_tokens a request may ask for
+    grammar_timeout: float = 5.0  # seconds a request's JSON schema or grammar may take to compile (then 400)
     drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # no CUDA graphs: every step runs eagerly (the CPU always does)
@@ -190,6 +191,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     arg("--max-n", int, d.max_n, "largest n / best_of")
     arg("--max-beam-width", int, d.max_beam_width, "largest beam width")
     arg("--max-tokens-limit", int, d.max_tokens_limit, "largest max_tokens a request may ask for")
+    arg("--grammar-timeout", float, d.grammar_timeout, "seconds a request's JSON schema, regex or grammar may take "
+        "to compile before it is refused with a 400 (compiles are cached per schema)")
     arg("--drain-seconds", float, d.drain_seconds, "on SIGTERM, time in-flight requests get to finish")
     arg("--threads", _thread_count, d.threads, "torch CPU threads for each model's steps: a number, or 'auto' to "
         "pick them from measured steps and re-pick when other work takes a core (default: torch's choice)")

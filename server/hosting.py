@@ -27,6 +27,7 @@ from .engine.core_process import CoreSpec
 from .engine.frontend import EngineFrontend
 from .engine.process_engine import EngineStartCancelled, ProcessEngine
 from .engine.scheduler import SchedulerConfig
+from .structured import GrammarCompiler
 
 log = logging.getLogger("quill.server")
 
@@ -54,6 +55,7 @@ class HostedModel:
         """The template a chat renders with: given tools, the checkpoint's "tool_use" one where it has one
         (as transformers picks it), else the main one."""
         return self.tool_chat_template if tools and self.tool_chat_template is not None else self.chat_template
+    grammars: GrammarCompiler | None = None  # checks and compiles constraints before they are submitted
 
     @property
     def tokenizer(self):
@@ -199,8 +201,12 @@ class ModelHost:
             raise
         limit = loaded.max_seq_len or RECURRENT_MAX_MODEL_LEN
         max_model_len = min(limit, config.max_model_len) if config.max_model_len else limit
+        # An engine on a thread shares the compiler, so a request's grammar is compiled once; a process has its own.
+        grammars = engine.core.grammars if isinstance(engine, AsyncEngine) else GrammarCompiler(
+            loaded.tokenizer, loaded.eos_token_ids, loaded.model.config.vocab_size)
+        grammars.timeout_s = config.grammar_timeout
         return HostedModel(name, loaded, engine, max_model_len, int(time.time()), template, no_chat_reason,
-                           tool_template)
+                           tool_template, grammars)
 
     def start(self) -> None:
         for hosted in self.models.values():

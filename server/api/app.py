@@ -8,7 +8,8 @@ from server import __version__
 from server.config import ServerConfig
 from server.hosting import ModelHost
 
-from . import chat_routes, health_routes, openai_routes, playground_routes, tgi_routes, tokenize_routes
+from . import (chat_routes, grammar_routes, health_routes, openai_routes, playground_routes, tgi_routes,
+               tokenize_routes)
 from .errors import APIError, install_error_handlers, is_openai_path
 from .guards import RequestGuard
 from .metrics import Metrics
@@ -41,6 +42,7 @@ def create_app(host: ModelHost | None, config: ServerConfig, metrics: Metrics | 
     app.include_router(chat_routes.router)
     app.include_router(tokenize_routes.router)
     app.include_router(tgi_routes.router)
+    app.include_router(grammar_routes.router)
     app.include_router(playground_routes.router)
     if host is not None:
         attach_host(app, host)

@@ -24,6 +24,7 @@ from server.engine.outputs import TokenLogprob
 from server.hosting import HostedModel
 from server.sampling import SamplingParams
 from server.sampling.params import MAX_LOGPROBS
+from server.sampling.structured import StructuredOutput
 
 from .chat_prompt import ChatPrompt, render_chat
 from .chat_schemas import ChatCompletionRequest
@@ -33,6 +34,7 @@ from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
 from .generation import resolve_model, submit, until_disconnected
 from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
+from .structured_fields import check_constraint
 from .token_texts import TokenTexts
 from .tool_calls import CallDelta, ToolCall, ToolCallStream, split_answer
 from .tracking import RequestTracker
@@ -70,15 +72,8 @@ def _model_name(http: Request, name: str | None) -> str | None:
     return name
 
 
-def _check_unsupported(request: ChatCompletionRequest) -> None:
-    """Features Quill does not have are refused by name, never accepted and ignored."""
-    if request.response_format is not None and request.response_format.get("type") != "text":
-        raise invalid("only response_format {\"type\": \"text\"} is supported", "response_format")
-
-
 def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: HostedModel) -> _AcceptedChat:
     """Everything checked before anything is submitted (and so before the first byte of a stream)."""
-    _check_unsupported(request)
     max_tokens, max_param = request.max_tokens, "max_tokens"
     if request.max_completion_tokens is not None:
         max_tokens, max_param = request.max_completion_tokens, "max_completion_tokens"
@@ -112,10 +107,10 @@ def _validate(request: ChatCompletionRequest, config: ServerConfig, hosted: Host
 
 def _constrained(params: SamplingParams, schema: dict) -> SamplingParams:
     """`params` holding every answer to `schema` (tool_choice "required" or a named function)."""
-    # To wire with the grammar engine's SamplingParams field, in place of the raise:
-    #   return replace(params, structured=StructuredOutput(kind="json_schema", spec=json.dumps(schema)))
-    raise invalid("tool_choice \"required\" or a named function needs constrained decoding, which this server "
-                  "does not have yet; use tool_choice \"auto\"", "tool_choice")
+    if params.structured is not None:  # two grammars for one answer: say which two, rather than pick one
+        raise invalid("tool_choice \"required\" or a named function already constrains the answer; leave out "
+                      "response_format and structured outputs", "tool_choice")
+    return replace(params, structured=StructuredOutput.json_schema(schema))
 
 
 class _Logprobs:
@@ -145,6 +140,8 @@ async def create_chat_completion(request: ChatCompletionRequest, http: Request):
     state = http.app.state
     hosted = resolve_model(http, _model_name(http, request.model))
     plan = _validate(request, state.config, hosted)
+    constraint_field = "tool_choice" if plan.tools.schema is not None else request.structured_output()[1]
+    await check_constraint(hosted, plan.params.structured, constraint_field)
     tracker = RequestTracker(state.metrics, hosted.name, plan.completion_id, len(plan.prompt.ids),
                              plan.prompt.text if state.config.log_prompts else None)
     stream = submit(hosted, plan.prompt.ids, plan.params, plan.completion_id)

@@ -104,7 +104,6 @@ class ChatCompletionRequest(ChatTemplateOptions, OpenAISampling):
     parallel_tool_calls: bool | None = None
     tool_prompt: str | None = None  # TGI's Messages API: text put before the tools
     # Not supported: refused when given, never silently ignored.
-    response_format: dict[str, Any] | None = None
 
     def to_sampling_params(self, hosted: HostedModel, max_tokens: int) -> SamplingParams:
         """Beam search answers all n beams."""

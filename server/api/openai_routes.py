@@ -16,6 +16,7 @@ from .generation import loaded_host, resolve_model, submit, until_disconnected
 from .openai_schemas import CompletionRequest
 from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
+from .structured_fields import check_constraint
 from .token_texts import TokenTexts
 from .tracking import RequestTracker
 from .validation import check_context, check_max_tokens, check_sequences, encode_prompt, invalid
@@ -98,6 +99,7 @@ async def create_completion(request: CompletionRequest, http: Request):
     app = http.app.state
     hosted = resolve_model(http, request.model)
     params, prompts = _validate(request, app.config, hosted)
+    await check_constraint(hosted, params.structured, request.structured_output()[1])
     completion_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     streams, trackers = [], []

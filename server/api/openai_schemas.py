@@ -16,6 +16,7 @@ from server.hosting import HostedModel
 from server.sampling import SamplingParams
 
 from .request_schema import RequestSchema
+from .structured_fields import GuidedFields
 from .validation import build_params, check_top_k, parse_logit_bias, stop_list, stop_strings
 
 
@@ -26,8 +27,8 @@ class StreamOptions(RequestSchema):
     include_obfuscation: bool | None = None
 
 
-class VLLMExtensions(RequestSchema):
-    """vLLM's sampling settings beyond OpenAI's, shared by completions and chat."""
+class VLLMExtensions(GuidedFields):
+    """vLLM's sampling settings beyond OpenAI's, shared by completions and chat (constraints: GuidedFields)."""
 
     top_k: int | None = None
     min_p: float | None = None
@@ -73,7 +74,7 @@ class OpenAISampling(VLLMExtensions):
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             use_beam_search=self.use_beam_search, beam_width=beam_width,
             length_penalty=self.length_penalty, early_stopping=self.early_stopping,
-            skip_special_tokens=self.skip_special_tokens,
+            skip_special_tokens=self.skip_special_tokens, structured=self.structured_output()[0],
         )
 
 

@@ -29,6 +29,7 @@ from .errors import JSON_OR_SSE_RESPONSE, SSE_RESPONSE, TGI_ERROR_RESPONSES, API
 from .generation import loaded_host, resolve_model, submit, until_disconnected
 from .sampling_defaults import default_max_tokens
 from .sse import SSE_HEADERS, sse_event
+from .structured_fields import check_constraint
 from .tgi_schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
 from .tracking import RequestTracker
 from .validation import (
@@ -69,7 +70,7 @@ def _mean_logprob(c: CompletionOutput) -> float:
 
 def _check_supported(p: GenerateParameters) -> None:
     unsupported = {"typical_p": p.typical_p is not None, "watermark": p.watermark,
-                   "grammar": p.grammar is not None, "adapter_id": p.adapter_id is not None}
+                   "adapter_id": p.adapter_id is not None}
     for name, given in unsupported.items():
         if given:
             raise invalid(f"{name} is not supported by this server; leave it out", name)
@@ -148,10 +149,12 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
                  p.decoder_input_details, p.top_n_tokens or 0, bool(p.return_full_text))
 
 
-def _start(request: GenerateRequest, http: Request, stream: bool) -> tuple[_AcceptedGenerate, RequestStream, RequestTracker]:
+async def _start(request: GenerateRequest, http: Request,
+                 stream: bool) -> tuple[_AcceptedGenerate, RequestStream, RequestTracker]:
     state = http.app.state
     hosted = resolve_model(http, request.model)
     plan = _validate(request, state.config, hosted, stream)
+    await check_constraint(hosted, plan.params.structured, "grammar")
     request_id = f"tgi-{uuid.uuid4().hex}"
     tracker = RequestTracker(state.metrics, hosted.name, request_id, len(plan.prompt_ids),
                              request.inputs if state.config.log_prompts else None)
@@ -210,7 +213,7 @@ def _padded(entries: list[TokenLogprob] | None, length: int) -> list[TokenLogpro
 
 @router.post("/generate", responses=TGI_ERROR_RESPONSES)
 async def generate(request: GenerateRequest, http: Request):
-    plan, stream, tracker = _start(request, http, stream=False)
+    plan, stream, tracker = await _start(request, http, stream=False)
     return await until_disconnected(http, _complete(plan, stream, tracker))
 
 
@@ -274,7 +277,7 @@ def _details(plan: _AcceptedGenerate, tokens: _Tokens, seq: CompletionOutput, pr
 
 @router.post("/generate_stream", responses={**TGI_ERROR_RESPONSES, **SSE_RESPONSE})
 async def generate_stream(request: GenerateRequest, http: Request):
-    plan, stream, tracker = _start(request, http, stream=True)
+    plan, stream, tracker = await _start(request, http, stream=True)
     return StreamingResponse(_events(plan, stream, tracker), media_type="text/event-stream", headers=SSE_HEADERS)
 
 

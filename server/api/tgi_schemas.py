@@ -9,7 +9,7 @@ accepted only at their off values (null, false) and refused by name otherwise.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -17,6 +17,7 @@ from server.hosting import HostedModel
 from server.sampling import SamplingParams
 
 from .request_schema import RequestSchema
+from .structured_fields import TGIGrammar, from_tgi_grammar
 from .validation import build_params
 
 
@@ -38,7 +39,7 @@ class GenerateParameters(RequestSchema):
     top_n_tokens: int | None = None
     truncate: int | None = None
     watermark: bool = False  # not supported: rejected when true
-    grammar: Any = None  # not supported: rejected when given
+    grammar: TGIGrammar | None = None  # {"type": "json" | "regex", "value": schema or pattern}
     adapter_id: str | None = None  # not supported: rejected when given
     # Quill's extension: beam search
     num_beams: int = 1
@@ -71,6 +72,7 @@ class GenerateParameters(RequestSchema):
             prompt_logprobs=0 if self.decoder_input_details else None,
             use_beam_search=beam, beam_width=self.num_beams if beam else 1,
             length_penalty=self.length_penalty, early_stopping=self.early_stopping,
+            structured=from_tgi_grammar(self.grammar),
         )
 
 

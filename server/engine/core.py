@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from models.checkpoint import LoadedModel
 from server.sampling import SamplingParams, new_generator
 
+from server.structured import GrammarCompiler
+
 from .beam_search import BeamSearch
 from .cuda_graphs import CudaGraphs, GraphCapture
 from .current_device import make_current
@@ -83,8 +85,9 @@ class EngineStats:
 
 class EngineCore:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, max_model_len: int | None = None,
-                 graph_capture: GraphCapture | None = None):
-        """`graph_capture`: how decode steps are captured as graphs; None: CUDA graphs on a CUDA device."""
+                 graph_capture: GraphCapture | None = None, grammars: GrammarCompiler | None = None):
+        """`graph_capture`: how decode steps are captured as graphs; None: CUDA graphs on a CUDA device.
+        `grammars`: compiles constrained requests' grammars (shared with the API when both are in one process)."""
         make_current(loaded.device)  # the cache's profiling steps and graph capture run on this thread
         self.loaded = loaded
         self.config = config or EngineConfig()
@@ -121,6 +124,7 @@ class EngineCore:
         if graph_capture is not None:
             self._capture_graphs(graph_capture, graph_sizes, scratch)
         self.outputs = OutputProcessor(self.tokenizer, loaded.eos_token_ids)
+        self.grammars = grammars or GrammarCompiler(self.tokenizer, loaded.eos_token_ids, self.runner.vocab_size)
         self.groups: dict[str, SequenceGroup] = {}
         self._seq_ids = itertools.count()
         self.last_step = StepStats()
@@ -165,7 +169,10 @@ class EngineCore:
                 length_penalty=params.length_penalty, early_stopping=params.early_stopping,
                 min_tokens=params.min_tokens,
             )
-        group.seqs.append(self._new_sequence(group, list(prompt_token_ids), 0))
+        first = self._new_sequence(group, list(prompt_token_ids), 0)
+        if params.structured is not None:  # cached when the API process checked it; GrammarError if refused
+            first.grammar = self.grammars.matcher(params.structured)
+        group.seqs.append(first)
         self.scheduler.add(group)
         self.groups[request_id] = group
 
@@ -277,6 +284,8 @@ class EngineCore:
         for index in range(1, group.params.n):
             child = self._new_sequence(group, list(parent.token_ids), index)
             child.num_computed = parent.num_computed
+            if parent.grammar is not None:  # before the parent takes its first token: each sample its own
+                child.grammar = parent.grammar.fork()
             self.cache.fork(parent.seq_id, child.seq_id)
             group.seqs.append(child)
 
@@ -295,6 +304,8 @@ class EngineCore:
             if parent_index in reused:  # a second child of the same parent: fork before anyone appends
                 child = self._new_sequence(group, list(parent.token_ids), len(new))
                 child.num_computed = parent.num_computed
+                if parent.grammar is not None:
+                    child.grammar = parent.grammar.fork()
                 self.cache.fork(parent.seq_id, child.seq_id)
             else:
                 reused.add(parent_index)
@@ -303,6 +314,8 @@ class EngineCore:
         for child, (_, token, score) in zip(new, step.running):
             child.token_ids.append(token)
             child.cumulative_logprob = score
+            if child.grammar is not None:
+                child.grammar.consume(token)
         group.seqs = new
         if step.done:
             for seq in group.seqs:

@@ -1,18 +1,23 @@
 """From tokens the runner chose to what each request's client receives.
 
 Appends a sequence's new token, detokenizes it incrementally (the text of the outputs is
-decode(prompt + output) minus decode(prompt)), applies the stop rules (EOS, stop ids, stop
-strings held back from streams until they can no longer match, length), and turns each
+decode(prompt + output) minus decode(prompt)), advances a constrained sequence's grammar, applies the
+stop rules (EOS, stop ids, stop strings held back from streams until they can no longer match, length,
+a grammar that is complete and allows nothing more), and turns each
 request's progress into a `RequestOutput` delta. Plain Python: no tensors.
 """
 
 from __future__ import annotations
+
+import logging
 
 from models.tokenizer import IncrementalDecoder, Tokenizer
 from server.sampling import StopChecker
 
 from .outputs import CompletionOutput, RequestOutput, TokenLogprob
 from .sequence import Sequence, SequenceGroup
+
+log = logging.getLogger("quill.engine")
 
 
 class OutputProcessor:
@@ -34,6 +39,14 @@ class OutputProcessor:
             seq.output_logprobs.append(entry)
         seq.text = text = seq.text + seq.decoder.push(token)
         decision = seq.stop.check(token, text, len(token_ids) - seq.num_prompt_tokens)
+        if seq.grammar is not None:
+            if not seq.grammar.consume(token):  # only when its mask allowed nothing (a vocabulary that cannot spell it)
+                log.warning("request %s: token %d does not follow its grammar (%s); its sequence ends",
+                            seq.group.request_id, token, seq.grammar.error)
+            if not decision.finished and seq.grammar.is_done:  # nothing may follow: end here, not at max_tokens
+                seq.text += seq.decoder.flush()
+                seq.finish_reason = "stop"
+                return
         if decision.finished:
             if decision.finish_reason == "length":  # a character cut in half by the limit still counts
                 seq.text += seq.decoder.flush()

@@ -6,7 +6,8 @@ scheduled assuming every running sequence gets one more token, and its input tok
 sampled ids, still on the device. That holds only in the steady state of decoding, so only there does
 a step overlap: every sequence decodes one token of a sampling request whose next step needs nothing
 of the host's but its cache (no prompt chunk, no fork into n samples, no beam search, no prompt
-logprobs, no penalties or min_tokens, which read the output ids on the host), every running sequence
+logprobs, no penalties or min_tokens, which read the output ids on the host, no grammar, whose next mask
+needs the token on the host), every running sequence
 takes part, nothing waits to be admitted and the cache has room without preempting. Anything else
 waits for the step in flight and is scheduled as a synchronous step.
 
@@ -29,7 +30,8 @@ def decodes_on_device(seq: Sequence) -> bool:
     """Its next step needs only the token it samples now, which can stay on the device."""
     group = seq.group
     params = group.params
-    return group.is_forked and not params.use_beam_search and not params.has_penalties and params.min_tokens == 0
+    return (group.is_forked and not params.use_beam_search and not params.has_penalties and params.min_tokens == 0
+            and params.structured is None)  # a grammar's next mask needs this token on the host
 
 
 def can_overlap(batch: ScheduledBatch) -> bool:

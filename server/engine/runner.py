@@ -7,7 +7,8 @@ host-to-device copy per field; each sequence's blocks or slot are gathered on th
 of that table), (3) runs the model, or for a decode-only step replays the CUDA graph captured for its
 batch size (`capture_graphs`), (4) on the device: samples a token for every sequence whose
 tokens are now all computed, ranks the candidates of every beam request with one top-k, and
-scores prompt tokens for requests that asked, and (5) brings everything the host needs back in
+scores prompt tokens for requests that asked (constrained rows are first masked by their grammars, the
+masks filled on the host while the model ran: grammar_masks.py), and (5) brings everything the host needs back in
 a single device-to-host copy.
 
 `launch` stops before the host waits for that copy: it returns a `PendingStep` whose `result()` waits.
@@ -33,6 +34,7 @@ from server.sampling.table import SamplingTable
 from .cache import CacheOp
 from .cache_table import CacheTable
 from .cuda_graphs import GraphCapture, Replay
+from .grammar_masks import GrammarMasks, PendingMasks
 from .graph_buckets import choose_bucket, pad_rows
 from .outputs import TokenLogprob
 from .scheduler import ScheduledBatch
@@ -140,6 +142,7 @@ class ModelRunner:
         self.device = device = loaded.device
         self.vocab_size = self.model.config.vocab_size
         self.sampling = SamplingTable(max_num_seqs, self.vocab_size, device)
+        self.grammar_masks = GrammarMasks(self.vocab_size, device)
         max_tokens = max_num_batched_tokens  # the scheduler never packs more into a step
         self.token_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
@@ -167,6 +170,7 @@ class ModelRunner:
         if batch.admitted:
             self.sampling.write([g.slot for g in batch.admitted], [g.params for g in batch.admitted])
         packed, logit_rows = self._pack(batch.work)
+        masks = self.grammar_masks.start(logit_rows.next_token_seqs())  # filled while the model runs
         if inputs_from is not None:
             packed.token_source = self._token_source(batch, inputs_from)
         size = choose_bucket(packed.query_lens, self.graph_sizes)
@@ -174,7 +178,7 @@ class ModelRunner:
             logits = self.model.step(self._step_batch(packed), self.state)  # (logit rows, V)
         else:
             logits = self._replay(packed, size)
-        return self._read_out(batch, logits, logit_rows)
+        return self._read_out(batch, logits, logit_rows, masks)
 
     def _token_source(self, batch: ScheduledBatch, previous: PendingStep) -> torch.Tensor:
         """(rows,) the input token of each of `batch`'s sequences, picked from the previous step's sampled ids."""
@@ -301,10 +305,11 @@ class ModelRunner:
         else:
             step.slots = self.table.gather(rows, 1).view(-1)
 
-    def _read_out(self, batch: ScheduledBatch, logits: torch.Tensor, logit_rows: "_LogitRows") -> PendingStep:
+    def _read_out(self, batch: ScheduledBatch, logits: torch.Tensor, logit_rows: "_LogitRows",
+                  masks: PendingMasks | None) -> PendingStep:
         transfer = _Transfer()
-        sampled = self._sample(logits, logit_rows, transfer)
-        beams = self._rank_beams(logits, logit_rows, transfer)
+        sampled = self._sample(logits, logit_rows, transfer, masks)
+        beams = self._rank_beams(logits, logit_rows, transfer, masks)
         scored = self._score_prompts(logits, logit_rows, transfer)
         arrival = transfer.start()  # the step's one device-to-host copy
         ids = transfer.parts[0] if logit_rows.sampled else None  # `_sample` queues its token ids first
@@ -313,7 +318,8 @@ class ModelRunner:
 
     # ---- sampling ------------------------------------------------------------------------
 
-    def _sample(self, logits: torch.Tensor, logit_rows: "_LogitRows", transfer: _Transfer):
+    def _sample(self, logits: torch.Tensor, logit_rows: "_LogitRows", transfer: _Transfer,
+                masks: PendingMasks | None):
         rows, slots, params, generators, owners = [], [], [], [], []
         needs_tokens = False
         for seq, row in logit_rows.sampled:
@@ -335,9 +341,12 @@ class ModelRunner:
             expanded = [seq for seq, count in owners for _ in range(count)]
             prompt_ids = [s.token_ids[: s.num_prompt_tokens] for s in expanded]
             output_ids = [s.output_token_ids for s in expanded]
+        allowed = None
+        if masks is not None:
+            allowed = masks.allowed([seq for seq, count in owners for _ in range(count)])
         sbatch = self.sampling.gather(
             self._upload(self.sample_slots, slots), params, generators, prompt_ids, output_ids,
-            self.loaded.eos_token_ids,
+            self.loaded.eos_token_ids, allowed,
         )
         if len(rows) != logits.shape[0] or rows != list(range(len(rows))):  # not simply every row in order
             logits = logits.index_select(0, to_device(rows, logits.device))
@@ -372,7 +381,8 @@ class ModelRunner:
 
         return result
 
-    def _rank_beams(self, logits: torch.Tensor, logit_rows: "_LogitRows", transfer: _Transfer):
+    def _rank_beams(self, logits: torch.Tensor, logit_rows: "_LogitRows", transfer: _Transfer,
+                    masks: PendingMasks | None):
         requests, groups = [], []
         for group, rows_of in logit_rows.beam_rows.items():
             if len(rows_of) != len(group.seqs):
@@ -385,7 +395,8 @@ class ModelRunner:
             groups.append(group)
         if not requests:
             return lambda host: []
-        values, indices = beam_candidates(logits, requests)
+        allowed = None if masks is None else masks.allowed([seq for group in groups for seq in group.seqs])
+        values, indices = beam_candidates(logits, requests, allowed)
         v, i, width = transfer.add(values), transfer.add(indices), values.shape[1]
 
         def result(host: list[list[float]]):
@@ -445,3 +456,7 @@ class _LogitRows:
     sampled: list[tuple[Sequence, int]] = field(default_factory=list)  # sequence, its next-token row
     beam_rows: dict[SequenceGroup, dict[Sequence, int]] = field(default_factory=dict)
     scored: list[tuple[Sequence, int, int, int]] = field(default_factory=list)  # seq, first row, first pos, count
+
+    def next_token_seqs(self) -> list[Sequence]:
+        """Every sequence that picks its next token this step (sampled or as a beam)."""
+        return [seq for seq, _ in self.sampled] + [seq for rows_of in self.beam_rows.values() for seq in rows_of]

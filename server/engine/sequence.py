@@ -37,6 +37,7 @@ class Sequence:
     output_logprobs: list = field(default_factory=list)  # one entry per output token when asked
     decoder: object = None  # IncrementalDecoder, created by the engine
     stop: object = None  # StopChecker, created by the engine
+    grammar: object = None  # GrammarMatcher of a constrained request (server/structured), at this sequence's place
 
     @property
     def num_tokens(self) -> int:

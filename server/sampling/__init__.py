@@ -3,6 +3,7 @@
 from .batch import SamplingBatch, new_generator
 from .params import SamplingParamError, SamplingParams
 from .sampler import PromptLogprobs, SamplerOutput, process_logits, prompt_logprobs, sample
+from .structured import StructuredOutput
 from .stop import StopChecker, StopDecision
 from .table import build_batch
 
@@ -14,6 +15,7 @@ __all__ = [
     "SamplingParams",
     "StopChecker",
     "StopDecision",
+    "StructuredOutput",
     "build_batch",
     "new_generator",
     "process_logits",

@@ -32,6 +32,8 @@ class SamplingBatch:
     output_counts: torch.Tensor | None  # (B, V) int32; None when no row has a presence/frequency penalty
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (N,) rows, token ids, values of every logit_bias
     banned: tuple[torch.Tensor, torch.Tensor] | None  # (M,) rows, token ids held at -inf until min_tokens
+    # Rows under a grammar: (C,) row indices and (C, words) int32 masks of allowed tokens; None: no row has one.
+    allowed: tuple[torch.Tensor, torch.Tensor] | None
     seeded_rows: list[tuple[int, torch.Generator]]  # random rows that draw their noise from their own generator
     max_top_k: int  # largest active top_k; 0 = no row uses top-k
     uses_top_p: bool

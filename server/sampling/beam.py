@@ -14,6 +14,8 @@ import torch
 
 from models.host_copy import to_device
 
+from .processors import apply_allowed_tokens
+
 
 @dataclass(frozen=True, slots=True)
 class BeamRequest:
@@ -26,10 +28,12 @@ class BeamRequest:
 
 
 @torch.inference_mode()
-def beam_candidates(logits: torch.Tensor, requests: list[BeamRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+def beam_candidates(logits: torch.Tensor, requests: list[BeamRequest],
+                    allowed: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(R, V) logits -> (G, K) candidate scores, descending, and their flat indices beam * V + token.
 
-    K is the largest num_candidates; request g uses its first num_candidates columns.
+    K is the largest num_candidates; request g uses its first num_candidates columns. `allowed`: beams under a
+    grammar, as (rows, masks) over the requests' beams laid end to end, each beam masked by its own grammar.
     """
     vocab = logits.shape[-1]
     device = logits.device
@@ -37,6 +41,8 @@ def beam_candidates(logits: torch.Tensor, requests: list[BeamRequest]) -> tuple[
     logprobs = torch.log_softmax(logits.index_select(0, to_device(rows, device)).float(), dim=-1)
     scores = to_device([s for r in requests for s in r.scores], device, torch.float32)
     total = logprobs + scores[:, None]  # (sum of beams, V)
+    if allowed is not None:
+        total = apply_allowed_tokens(total, *allowed)
     banned = [(i, t) for i, r in enumerate(r for r in requests for _ in r.rows) for t in r.banned]
     if banned:
         index = to_device(banned, device).T

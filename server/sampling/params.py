@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .structured import StructuredOutput
+
 # Below this a temperature is greedy (vLLM's _SAMPLING_EPS): logits / t would overflow float32 long before 0.
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20  # OpenAI's cap on alternatives per token
@@ -80,6 +82,7 @@ class SamplingParams:
     length_penalty: float = 1.0  # beam score = sum logprob / length ** length_penalty
     early_stopping: bool | Literal["never"] = False  # beam search: HF's meaning
     skip_special_tokens: bool = True  # leave special tokens out of the text (vLLM's default); ids are kept
+    structured: StructuredOutput | None = None  # what the output must match (JSON schema, regex, ...); None: free
 
     def __post_init__(self):
         _check_int("n", self.n, low=1)
@@ -108,6 +111,7 @@ class SamplingParams:
         _check_optional_count("logprobs", self.logprobs)
         _check_optional_count("prompt_logprobs", self.prompt_logprobs)
         self._check_beam_search()
+        self._check_structured()
 
     def _check_logit_bias(self) -> None:
         if self.logit_bias is None:
@@ -153,6 +157,15 @@ class SamplingParams:
             raise SamplingParamError("length_penalty", f"needs use_beam_search, got {self.length_penalty!r}")
         if self.early_stopping is not False:
             raise SamplingParamError("early_stopping", f"needs use_beam_search, got {self.early_stopping!r}")
+
+    def _check_structured(self) -> None:
+        if self.structured is None:
+            return
+        if not isinstance(self.structured, StructuredOutput):
+            raise SamplingParamError("structured", f"must be a StructuredOutput, got {self.structured!r}")
+        problem = self.structured.problem()
+        if problem:
+            raise SamplingParamError("structured", problem)
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids named by the request must exist; call at admission, when the model is known."""

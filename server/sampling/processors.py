@@ -34,6 +34,28 @@ def token_counts(token_ids: list[list[int]], vocab_size: int, device: torch.devi
     return counts.view(num_rows, width)[:, :vocab_size]
 
 
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(C, words) int32, bit t % 32 of word t // 32 set when token t is allowed -> (C, V) bool.
+
+    Read as little-endian bytes, token t is bit t % 8 of byte t // 8, so a 256-row table of each byte's 8 bits
+    unpacks a row with one gather, writing 1 byte per token (shifting the words wrote an int32 per token first).
+    """
+    device = bitmask.device
+    bits_of_byte = ((torch.arange(256, device=device).unsqueeze(1) >> torch.arange(8, device=device)) & 1).bool()
+    as_bytes = bitmask.contiguous().view(torch.uint8).reshape(-1)  # (C * words * 4,); little-endian on x86 and CUDA
+    return bits_of_byte.index_select(0, as_bytes.int()).view(bitmask.shape[0], -1)[:, :vocab_size]
+
+
+def apply_allowed_tokens(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """-inf wherever the grammar of row rows[i] forbids a token (bitmask[i], llguidance's layout); other rows
+    are left as they are. rows: (C,) int64, bitmask: (C, words) int32 on the logits' device."""
+    forbidden = ~unpack_bitmask(bitmask, logits.shape[-1])  # (C, V)
+    if rows.shape[0] == logits.shape[0]:  # every row constrained, in order (the caller checks on the host)
+        return logits.masked_fill(forbidden, NEG_INF)
+    constrained = logits.index_select(0, rows).masked_fill(forbidden, NEG_INF)
+    return logits.index_copy(0, rows, constrained)
+
+
 def apply_banned_tokens(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """-inf at (rows[i], token_ids[i]); used to keep EOS and stop ids out until min_tokens."""
     return logits.index_put((rows, token_ids), logits.new_full((), NEG_INF))

@@ -1,6 +1,6 @@
 """From one row of logits per running sequence to one token per sequence, with log-probabilities.
 
-The order is Hugging Face's and vLLM's: min_tokens bans -> logit bias -> repetition, presence and
+The order is Hugging Face's and vLLM's, after the grammar's mask (structured outputs): min_tokens bans -> logit bias -> repetition, presence and
 frequency penalties -> temperature -> top-k -> top-p -> min-p -> pick. Greedy rows take the
 argmax; random rows run an exponential race, which samples from softmax(logits) exactly:
 argmax_i p_i / E_i with E_i ~ Exp(1) i.i.d. picks i with probability p_i.
@@ -16,6 +16,7 @@ from models.host_copy import to_device
 
 from .batch import SamplingBatch
 from .processors import (
+    apply_allowed_tokens,
     apply_banned_tokens,
     apply_logit_bias,
     apply_min_p,
@@ -47,6 +48,8 @@ class PromptLogprobs:
 def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """(B, V) raw logits -> (B, V) float32 logits whose softmax is each row's sampling distribution."""
     logits = logits.float()
+    if batch.allowed is not None:
+        logits = apply_allowed_tokens(logits, *batch.allowed)
     if batch.banned is not None:
         logits = apply_banned_tokens(logits, *batch.banned)
     if batch.bias is not None:

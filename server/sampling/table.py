@@ -58,6 +58,7 @@ class SamplingTable:
         prompt_ids: Sequence[list[int]] | None = None,
         output_ids: Sequence[list[int]] | None = None,
         eos_token_ids: Sequence[int] = (),
+        allowed: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> SamplingBatch:
         """The sampler's batch for rows whose requests sit in `slots` (B,) on the device.
 
@@ -92,6 +93,7 @@ class SamplingTable:
             output_counts=output_counts if needs_counts else None,
             bias=flat_logit_bias(params, self.vocab_size, self.device) if any(p.logit_bias for p in params) else None,
             banned=banned,
+            allowed=allowed,
             seeded_rows=[(row, gen) for row, (gen, g) in enumerate(zip(generators, greedy)) if gen is not None and not g],
             max_top_k=max(top_ks, default=0),
             uses_top_p=any(p.top_p < 1.0 for p in sampled),
@@ -112,6 +114,7 @@ def build_batch(
     vocab_size: int,
     device: torch.device | str,
     eos_token_ids: Sequence[int] = (),
+    allowed: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> SamplingBatch:
     """A batch on its own, through a table of its own (the engine gathers its batches from one table).
 
@@ -119,6 +122,7 @@ def build_batch(
     and generated tokens output_ids[i]. generators[i] is used (and advanced) when the row is
     random and it is not None: the engine makes one per seeded request with `new_generator`
     and keeps it across steps. eos_token_ids are banned, with stop_token_ids, until min_tokens.
+    allowed: the rows under a grammar and their token masks (see SamplingBatch.allowed).
     """
     num_rows = len(params)
     if not num_rows == len(prompt_ids) == len(output_ids) == len(generators):
@@ -129,7 +133,7 @@ def build_batch(
     table = SamplingTable(max(num_rows, 1), vocab_size, device)
     table.write(list(range(num_rows)), list(params))
     slots = torch.arange(num_rows, device=device)
-    batch = table.gather(slots, params, generators, prompt_ids, output_ids, eos_token_ids)
+    batch = table.gather(slots, params, generators, prompt_ids, output_ids, eos_token_ids, allowed)
     return replace(batch, needs_logprobs=True)  # built on its own, a batch reports every row's log-probability
 
 

@@ -28,7 +28,7 @@ const NUMBER_FIELDS = [
   {id: "length_penalty", kind: "float", scope: "decoding"},
   {id: "min_tokens", kind: "int", scope: "shared"},
 ];
-const SCOPES_SHOWN = {generate: ["shared", "decoding"], compare: ["shared"], score: ["score"]};
+const SCOPES_SHOWN = {generate: ["shared", "decoding", "constraint"], compare: ["shared"], score: ["score"]};
 const RUN_LABELS = {generate: "Generate", compare: "Compare", score: "Score"};
 
 // Decoding settings by name, in the API's own fields (so a pane's JSON reads like a request).
@@ -56,6 +56,7 @@ function newState() {
     apiKey: sessionStorage.getItem(KEY_STORAGE) || "",
     controllers: new Set(),  // one per request in flight; Stop aborts them all
     tokensOf: new WeakMap(),  // token span -> the tokens (with alternatives) it shows
+    tipShown: 0,  // counts tips shown, so an answer about the grammar lands only on the tip that asked
   };
 }
 
@@ -113,7 +114,29 @@ function readSettings(scopes) {
     if (stops.length > 0) settings.stop = stops;
   }
   if (scopes.includes("shared") && $("ignore_eos").checked) settings.ignore_eos = true;
+  if (scopes.includes("constraint")) {
+    const constraint = readConstraint();
+    if (constraint !== null) settings.structured_outputs = constraint;
+  }
   return settings;
+}
+
+/** The constraint's text box, shown while a kind of constraint is chosen (in Generate mode). */
+function updateConstraintBox(state) {
+  $("constraint-box").hidden = state.mode !== "generate" || $("constraint_kind").value === "";
+}
+
+/** vLLM's structured_outputs for the constraint fields ({json: schema} or {regex: pattern}); null: none. */
+function readConstraint() {
+  const kind = $("constraint_kind").value;
+  if (kind === "") return null;
+  const text = $("constraint").value;
+  if (kind === "regex") return {regex: text};
+  try {
+    return {json: JSON.parse(text)};
+  } catch (error) {
+    throw new InputError(`the JSON schema is not valid JSON: ${error.message}`);
+  }
 }
 
 function readAlternatives() {
@@ -307,9 +330,46 @@ function tipSection(token) {
   return section;
 }
 
-function showTip(span, tokens) {
+/** Give a constrained answer's tokens what the tip needs to ask which alternatives the grammar allowed. */
+function noteGrammar(grammar, textBefore, tokens) {
+  let before = textBefore;
+  for (const token of tokens || []) {
+    token.grammar = {...grammar, before};
+    before += token.text;
+  }
+}
+
+/** Strike through the alternatives the grammar forbade and say how many tokens it allowed (one request per token). */
+async function markAllowed(state, shown, sections, tokens) {
+  for (const [i, token] of tokens.entries()) {
+    if (!token.grammar || token.top.length === 0) continue;
+    const {model, structured_outputs, before} = token.grammar;
+    let answer;
+    try {
+      answer = await postJson("v1/structured/allowed", {
+        model, structured_outputs, text: before, alternatives: token.top.map(([text]) => text),
+      }, state.apiKey);
+    } catch {
+      return;  // the tip stays as it is: the colours and probabilities do not depend on this
+    }
+    if (state.tipShown !== shown) return;
+    const items = sections[i].querySelectorAll("li");
+    answer.allowed.forEach((allowed, j) => items[j] && items[j].classList.toggle("forbidden", !allowed));
+    const note = document.createElement("p");
+    note.className = "grammar";
+    note.textContent = answer.text_follows
+      ? `the grammar allowed ${answer.num_allowed} of ${answer.vocab_size} tokens here; struck through: forbidden`
+      : "the grammar's place here could not be found from the text";
+    sections[i].append(note);
+  }
+}
+
+function showTip(span, tokens, state) {
   const tip = $("tip");
-  tip.replaceChildren(...tokens.map(tipSection));
+  const sections = tokens.map(tipSection);
+  tip.replaceChildren(...sections);
+  state.tipShown += 1;
+  if (tokens.some((t) => t.grammar)) markAllowed(state, state.tipShown, sections, tokens);
   tip.hidden = false;
   const box = span.getBoundingClientRect();
   const width = tip.offsetWidth;
@@ -333,7 +393,7 @@ function installTips(state, container) {
   };
   container.addEventListener("pointerover", (event) => {
     const span = tokenAt(event);
-    if (event.pointerType === "mouse" && pinned === null && span) showTip(span, state.tokensOf.get(span));
+    if (event.pointerType === "mouse" && pinned === null && span) showTip(span, state.tokensOf.get(span), state);
   });
   container.addEventListener("pointerout", (event) => {
     if (event.pointerType === "mouse" && pinned === null && tokenAt(event)) hideTip();
@@ -342,7 +402,7 @@ function installTips(state, container) {
     const span = container.contains(event.target) ? tokenAt(event) : null;
     if (span === null && $("tip").contains(event.target)) return;
     pinned = span === pinned ? null : span;
-    if (pinned) showTip(pinned, state.tokensOf.get(pinned));
+    if (pinned) showTip(pinned, state.tokensOf.get(pinned), state);
     else hideTip();
   });
   document.addEventListener("keydown", (event) => {
@@ -491,7 +551,9 @@ async function streamInto(state, card, route, body) {
     for await (const payload of postStream(route.path, body, state.apiKey, controller.signal)) {
       for (const piece of route.pieces(payload)) {
         card.timing.add(piece.tokens && piece.tokens.length > 0 ? piece.tokens.length : piece.text ? 1 : 0);
-        drawPiece(state, choiceText(card, piece.index), piece);
+        const target = choiceText(card, piece.index);
+        if (card.grammar) noteGrammar(card.grammar, target.textContent, piece.tokens);
+        drawPiece(state, target, piece);
         if (piece.finish) card.finish.set(piece.index, piece.finish);
       }
       if (payload.usage) card.timing.tokens = payload.usage.completion_tokens;
@@ -542,6 +604,7 @@ async function runGenerate(state) {
   describeRequest([{path: route.path, body}]);
   const card = newCard(`${$("model").value} · ${routeName === "chat" ? "chat" : "prompt"}`);
   if (routeName === "completion") card.echo = input;
+  if (body.structured_outputs) card.grammar = {model: body.model, structured_outputs: body.structured_outputs};
   await streamInto(state, card, route, body);
   explainPlainText(card);
   if (routeName === "chat") offerReply(card);
@@ -681,6 +744,7 @@ function setMode(state, mode) {
   $("settings").querySelector("summary").textContent = mode === "generate" ? "Decoding" : "Settings";
   $("panes-box").hidden = mode !== "compare";
   $("run").textContent = RUN_LABELS[mode];
+  updateConstraintBox(state);
   updateInputKind(state);
 }
 
@@ -776,6 +840,7 @@ function main() {
     radio.addEventListener("change", () => updateInputKind(state));
   }
   $("model").addEventListener("change", () => updateInputKind(state));
+  $("constraint_kind").addEventListener("change", () => updateConstraintBox(state));
   $("run").addEventListener("click", () => run(state));
   $("stop-run").addEventListener("click", () => stop(state));
   $("prompt").addEventListener("keydown", runOnCtrlEnter);

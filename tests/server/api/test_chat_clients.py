@@ -96,7 +96,7 @@ def test_openai_client_hears_which_argument_is_unknown(oai):
 
 
 def test_inference_client_chat_completion_with_every_argument_quill_takes(hf):
-    """Each argument of chat_completion off its default but tools, response_format (grammars Quill lacks) and
+    """Each argument of chat_completion off its default but tools, response_format (test_structured_outputs.py) and
     logit_bias (TGI's list form, which Quill does not read)."""
     options = dict(max_tokens=4, temperature=0.8, top_p=0.9, n=2, seed=3, stop=["\n\n"], presence_penalty=0.5,
                    frequency_penalty=0.5, logprobs=True, top_logprobs=2, tool_choice="none", tool_prompt="Tools:")

@@ -6,6 +6,7 @@ transformers'; every bad tools or tool_choice is a 400 naming the problem."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import httpx
 import openai
@@ -196,9 +197,8 @@ BAD = [
     (dict(tools=[tool()], tool_choice={"type": "retrieval", "function": {"name": "get_weather"}}),
      "tool_choice.type", None),
     (dict(tool_choice="required"), "tool_choice", "needs tools"),
-    (dict(tools=[tool()], tool_choice="required"), "tool_choice", "constrained decoding"),
-    (dict(tools=[tool()], tool_choice={"type": "function", "function": {"name": "get_weather"}}), "tool_choice",
-     "constrained decoding"),
+    (dict(tools=[tool()], tool_choice="required", response_format={"type": "json_object"}), "tool_choice",
+     "already constrains"),
     (dict(model="shakespeare", tools=[tool()]), "tools", "does not support tools"),
 ]
 
@@ -251,12 +251,13 @@ FORCED = {  # tool_choice -> the answer constrained decoding would hold to its s
 
 @pytest.mark.parametrize("choice", list(FORCED))
 async def test_forced_answers_read_as_calls_plain_and_streamed(app, oai, monkeypatch, choice):
-    """The route's side of "required" and a named function, with the constraint itself stood in for (it is
-    set where chat_routes._constrained raises until constrained decoding lands)."""
+    """The route's side of "required" and a named function: the schema it constrains the answer to, and the
+    calls a scripted answer to that schema reads as."""
     from server.api import chat_routes
 
-    schemas = []
-    monkeypatch.setattr(chat_routes, "_constrained", lambda params, schema: schemas.append(schema) or params)
+    schemas, constrained = [], chat_routes._constrained
+    monkeypatch.setattr(chat_routes, "_constrained",
+                        lambda params, schema: schemas.append(schema) or constrained(params, schema))
     answer, calls = FORCED[choice]
     tool_choice = "required" if choice == "required" else {"type": "function", "function": {"name": "get_weather"}}
     scripted(app, monkeypatch, "qwen", [answer])
@@ -292,3 +293,53 @@ async def test_each_of_n_choices_reads_its_own_calls(app, oai, monkeypatch):
         first, second = sorted(done.choices, key=lambda c: c.index)
         assert (first.message.content, calls_of(first.message), first.finish_reason) == (content, calls, "tool_calls")
         assert (second.message.content, second.message.tool_calls or None, second.finish_reason) == (text, None, "stop")
+
+
+
+@pytest.fixture(scope="module")
+def long_qwen(hub_cache, tmp_path_factory):
+    """tiny-qwen3 with room for a prompt with tools (its RoPE weights do not depend on the length), on a real
+    engine: what it generates is its own."""
+    directory = tmp_path_factory.mktemp("long-qwen") / "qwen"
+    shutil.copytree(hub_cache[1][HUB["qwen"]].path, directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 1024}))
+    server_config = ServerConfig(models=[f"qwen={directory}"], device="cpu", dtype="float32", cache_bytes=8 * 2**20,
+                                 block_size=16, max_tokens_limit=512)
+    host = ModelHost.load(server_config)
+    host.start()
+    yield create_app(host, server_config)
+    host.shutdown()
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+async def test_a_random_weight_model_forced_to_call_answers_a_valid_call(long_qwen, choice):
+    """Real generation by a tiny random-weight model: the grammar holds every answer to a call of a listed
+    function whose arguments match its schema, whatever the weights would rather write."""
+    jsonschema = pytest.importorskip("jsonschema")
+    tool_choice = "required" if choice == "required" else {"type": "function", "function": {"name": "get_weather"}}
+    # Bounded arguments: a grammar cannot make a random model end a free string, but it holds it to these.
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                 "type": "object", "properties": {"city": {"enum": ["Elsinore", "Wittenberg"]},
+                                                  "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                 "required": ["city", "days"], "additionalProperties": False}}},
+             {"type": "function", "function": {"name": "get_time", "parameters": {
+                 "type": "object", "properties": {}, "additionalProperties": False}}}]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    read = 0
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=long_qwen), base_url="http://quill.test") as http:
+        oai = openai.AsyncOpenAI(base_url="http://quill.test/v1", api_key="unused", http_client=http, max_retries=0)
+        for seed in range(4):
+            done = await oai.chat.completions.create(model="qwen", messages=ASK, tools=tools, tool_choice=tool_choice,
+                                                     temperature=1.0, seed=seed, max_tokens=400)
+            (answer,) = done.choices
+            # "required" holds the answer to a list of calls, which a random model may go on extending until
+            # max_tokens: every call it finished must still be valid.
+            assert answer.finish_reason in ("tool_calls", "length") and answer.message.content is None, answer
+            for call in answer.message.tool_calls or []:
+                assert call.function.name in schemas
+                jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+                read += 1
+            if choice == "named":
+                assert answer.finish_reason == "tool_calls" and len(answer.message.tool_calls) == 1, answer
+    assert read, "no answer held a call: nothing was checked"

@@ -1,7 +1,8 @@
 """The playground in a real headless browser against a live server over the tiny checkpoints: streaming
 from every model with coloured tokens and their alternatives, greedy and beam search side by side
 equal to what /v1/completions answers, Stop freeing the cache, the server's own error messages, the
-API key, scoring, a phone-sized screen, and a page opened while the models still load.
+API key, scoring, a phone-sized screen, a page opened while the models still load, and a constrained answer
+whose tips strike through the alternatives its grammar forbade.
 
 Skipped, naming what to install, without Debian's chromium and chromium-driver (or selenium).
 The chat mode is tested in test_playground_chat.py.
@@ -249,3 +250,27 @@ def test_api_key_from_the_page(browser, tiny_checkpoints):
         assert_no_page_errors(page)
     finally:
         keyed.stop()
+
+
+def test_a_constrained_answer_and_the_alternatives_its_grammar_forbade(page, server):
+    from selenium.webdriver import ActionChains
+    from selenium.webdriver.support.ui import Select
+
+    page.choose_model("tiny-transformer")
+    page.fill("prompt", TEXT[0])
+    page.fill("max_tokens", 20)
+    page.preset("greedy")
+    page.fill("alternatives", 5)
+    Select(page.element("constraint_kind")).select_by_value("regex")
+    page.fill("constraint", "(to|be) [a-z]{1,3}")
+    page.run()
+    page.wait_idle()
+    [card] = page.cards()
+    assert card["state"] == "done" and re.fullmatch("(to|be) [a-z]{1,3}", card["texts"][0]), card
+    ActionChains(page.driver).move_to_element(page.token_spans()[0]).perform()
+    notes = lambda: page.js("return [...document.querySelectorAll('#tip .grammar')].map(p => p.textContent)")
+    [note] = page.wait(notes, "the grammar's note on the first token")
+    assert re.match(r"the grammar allowed \d+ of \d+ tokens here", note), note
+    forbidden = page.js("return [...document.querySelectorAll('#tip li.forbidden code')].map(c => c.textContent)")
+    assert all(not re.match(r"(t|to|b|be)$", text) for text in forbidden), forbidden
+    Select(page.element("constraint_kind")).select_by_value("")  # the next tests run unconstrained

@@ -303,7 +303,7 @@ BAD_PARAMETERS = {
     "seed over u64": dict(seed=2**64, do_sample=True),
     "typical_p": dict(typical_p=0.5),
     "watermark": dict(watermark=True),
-    "grammar": dict(grammar={"type": "regex", "value": "a+"}),
+    "grammar": dict(grammar={"type": "json", "value": {"type": "object", "unevaluatedProperties": False}}),
     "adapter_id": dict(adapter_id="lora"),
     "best_of without sampling": dict(best_of=2),
     "best_of with a seed": dict(best_of=2, do_sample=True, seed=1),
