@@ -131,6 +131,12 @@ def write_checkpoint(directory: Path, *, adaptive: bool = True, seed: int = 0, c
                  cutoff=[20, 40] if adaptive else None, conv_norm_dim=conv_norm_dim).eval()
     with torch.no_grad():  # scores spread over a few units, so greedy picks are not near-ties
         lm.decoder.embed_tokens.weight.mul_(3.0)
+        if adaptive:  # and clusters likely enough that tail words get picked too
+            softmax = lm.decoder.adaptive_softmax
+            softmax.head.weight.mul_(4.0)
+            softmax.head.weight[softmax.cutoff[0]:].mul_(6.0)
+            for tail in softmax.tail:
+                tail[2].weight.mul_(6.0)
     fields = dict(arch="fconv_lm", task="language_modeling", decoder_embed_dim=20, decoder_layers=TINY_LAYERS,
                   decoder_out_embed_dim=256, decoder_attention="False", dropout=0.1, tokens_per_sample=512,
                   max_target_positions=512, criterion="adaptive_loss" if adaptive else "cross_entropy",
