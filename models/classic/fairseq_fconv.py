@@ -99,7 +99,7 @@ def _layers(args: dict, path: Path) -> list[list[int]]:
 
 def _check_no_attention(args: dict, path: Path) -> None:
     attention = _expression(args, "decoder_attention", path, "False")
-    if attention is False or (isinstance(attention, (list, tuple)) and not any(attention)):
+    if attention in (False, None) or (isinstance(attention, (list, tuple)) and not any(attention)):
         return
     raise CheckpointError(path, f"decoder_attention {args.get('decoder_attention')!r}: a language model's "
                                 "decoder attends to no encoder, so Quill reads only decoder_attention False")
@@ -109,6 +109,9 @@ def _decoder_state(checkpoint: dict, path: Path) -> dict[str, torch.Tensor]:
     state = checkpoint.get("model")
     if not isinstance(state, dict):
         raise CheckpointError(path, "no `model` state dict")
+    not_tensors = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
+    if not_tensors:
+        raise CheckpointError(path, f"state dict entries that are not tensors: {', '.join(not_tensors[:5])}")
     outside = [k for k in state if not k.startswith(PREFIX)]
     if outside:
         raise CheckpointError(path, f"state dict keys outside the decoder: {', '.join(outside[:5])}")

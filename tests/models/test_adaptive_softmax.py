@@ -17,10 +17,13 @@ def layer(seed: int = 0, scale: float = 1.0) -> AdaptiveSoftmax:
     return softmax
 
 
-def test_the_full_distribution_sums_to_one():
-    log_probs = layer().log_probs(torch.randn(64, 32) * 3)
-    assert log_probs.shape == (64, 1000)
+def test_the_full_distribution_sums_to_one_with_and_without_autograd():
+    softmax, h = layer(), torch.randn(64, 32) * 3
+    log_probs = softmax.log_probs(h)
+    assert log_probs.shape == (64, 1000) and log_probs.requires_grad
     torch.testing.assert_close(log_probs.logsumexp(-1), torch.zeros(64), atol=1e-5, rtol=0)
+    with torch.inference_mode():
+        torch.testing.assert_close(softmax.log_probs(h), log_probs, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("scale", [0.5, 4.0, 30.0])  # flat to peaked: at 30 tails often hold the best word
