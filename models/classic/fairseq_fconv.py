@@ -165,7 +165,13 @@ def convert(path: Path, vocab: Path | None) -> Converted:
     for file in (model_file, dict_file):
         if not file.is_file():
             raise CheckpointError(file, "missing file")
-    checkpoint = load_restricted(model_file, ALLOWED_CLASSES)
+    try:
+        checkpoint = load_restricted(model_file, ALLOWED_CLASSES)
+    except CheckpointError as e:
+        if "omegaconf" not in e.problem:
+            raise
+        raise CheckpointError(model_file, f"{e.problem}; fairseq keeps `cfg` as a plain dict when it saves "
+                                          "(OmegaConf.to_container): re-save it so") from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(model_file, f"holds a {type(checkpoint).__name__}, not a fairseq checkpoint dict")
     args = _model_args(checkpoint, model_file)

@@ -4,6 +4,8 @@ steps; what is not an fconv_lm (or would run code) is refused by name."""
 from __future__ import annotations
 
 import argparse
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -128,6 +130,17 @@ def refusal(directory: Path) -> str:
 def test_a_class_outside_the_allow_list_is_refused_by_name(tmp_path):
     write_checkpoint(tmp_path, extra={"extra_state": {"metrics": Meter()}})
     assert f"{__name__}.Meter" in refusal(tmp_path)
+
+
+def test_a_cfg_kept_as_omegaconf_objects_is_refused_with_the_way_out(tmp_path, monkeypatch):
+    package, module = types.ModuleType("omegaconf"), types.ModuleType("omegaconf.dictconfig")
+    DictConfig = type("DictConfig", (), {"__module__": "omegaconf.dictconfig"})
+    package.dictconfig, module.DictConfig = module, DictConfig
+    monkeypatch.setitem(sys.modules, "omegaconf", package)  # a stand-in, only for pickling one
+    monkeypatch.setitem(sys.modules, "omegaconf.dictconfig", module)
+    write_checkpoint(tmp_path, extra={"args": None, "cfg": DictConfig()})
+    message = refusal(tmp_path)
+    assert "omegaconf.dictconfig.DictConfig" in message and "OmegaConf.to_container" in message
 
 
 def test_decoder_layers_that_would_run_code_are_refused(tmp_path):
