@@ -126,3 +126,18 @@ def test_prefix_cache_snapshots_continue_exactly(pair):
     second = run_to_completion(e)["second"][0]["token_ids"]
     assert e.cache.prefix_hits > hits
     assert second == reference_greedy(reference, shared + [6, 7], 6)
+
+
+def test_decode_steps_replayed_as_graphs_give_the_eager_answers(pair):
+    """The runner's graph path (emulated on a CPU: capture refuses what a CUDA stream could not capture)."""
+    from tests.server.engine.test_graphs import (ARRIVALS, assert_same_answers, make_engine, record_replays,
+                                                 run_arrivals)
+
+    _, loaded = pair
+    arrivals = [(step, rid, [t % loaded.tokenizer.vocab_size for t in prompt], params)
+                for step, rid, prompt, params in ARRIVALS]
+    expected = run_arrivals(make_engine(loaded, graphs=False), arrivals)
+    engine = make_engine(loaded, graphs=True)
+    replays = record_replays(engine)
+    assert_same_answers(run_arrivals(engine, arrivals), expected)
+    assert {1, 2, 4, 8} <= {size for _, size in replays}
