@@ -33,7 +33,7 @@ class FConvConfig:
     embed_dim: int = 128
     # (out_channels, kernel_size, residual): `residual` is how many layers back the added input comes
     # from (1: this layer's own input; 0: none). fairseq's default: [(1268, 4)] * 13.
-    layers: list = field(default_factory=lambda: [[1268, 4, 1]] * 13)
+    layers: list[list[int]] = field(default_factory=lambda: [[1268, 4, 1]] * 13)
     out_embed_dim: int = 128  # fc2's width; unused with an adaptive softmax
     adaptive_softmax_cutoff: list[int] | None = None  # first id of each tail cluster, then vocab_size
     adaptive_softmax_dims: list[int] | None = None  # inner width of each tail cluster

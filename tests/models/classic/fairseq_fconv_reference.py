@@ -124,7 +124,8 @@ def parse_tiny_layers() -> list[tuple]:
 
 
 def write_checkpoint(directory: Path, *, adaptive: bool = True, seed: int = 0, conv_norm_dim: int = 2,
-                     args: dict | None = None, extra: dict | None = None, cfg_form: bool = False) -> FConvLM:
+                     args: dict | None = None, extra: dict | None = None, cfg_form: bool = False,
+                     legacy_file: bool = False) -> FConvLM:
     """model.pt and dict.txt in fairseq's format, from random weights; returns the reference model."""
     torch.manual_seed(seed)
     lm = FConvLM(vocab_size=TINY_VOCAB, embed_dim=20, layers=parse_tiny_layers(),
@@ -158,7 +159,8 @@ def write_checkpoint(directory: Path, *, adaptive: bool = True, seed: int = 0, c
         checkpoint["args"] = argparse.Namespace(**fields)
     checkpoint.update(extra or {})
     directory.mkdir(parents=True, exist_ok=True)
-    torch.save(checkpoint, directory / "model.pt")
+    # legacy_file: torch's format before 1.6 (one pickle, then the tensors), as the published models have
+    torch.save(checkpoint, directory / "model.pt", _use_new_zipfile_serialization=not legacy_file)
     words = [f"w{i}" for i in range(TINY_WORDS)]
     (directory / "dict.txt").write_text("".join(f"{w} {1000 - i}\n" for i, w in enumerate(words)))
     return lm

@@ -81,6 +81,13 @@ def test_weight_norm_of_old_decoders_folds_the_same(tmp_path):
                                atol=1e-5, rtol=0)
 
 
+def test_a_file_in_torchs_legacy_format_reads_the_same(tmp_path):
+    reference = write_checkpoint(tmp_path, legacy_file=True)
+    assert fairseq_fconv.detect(tmp_path)
+    torch.testing.assert_close(log_probs(convert(tmp_path).model, PROMPT), reference.log_probs(PROMPT),
+                               atol=1e-5, rtol=0)
+
+
 def test_newer_cfg_form_reads_like_args(tmp_path):
     reference = write_checkpoint(tmp_path, cfg_form=True)
     torch.testing.assert_close(log_probs(convert(tmp_path / "model.pt").model, PROMPT),
