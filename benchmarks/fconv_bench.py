@@ -1,6 +1,6 @@
 """fairseq's fconv_lm at the published WikiText-103 shape, random weights, through the in-process engine:
 tokens/s with many concurrent requests against one request at a time, and what the adaptive softmax's
-exact greedy shortlist would save over the full distribution.
+exact greedy shortlist would save over the full distribution; and the model's decode step alone.
 
     python -m benchmarks.fconv_bench --out fconv.json      # ~3-5 min on 2 cores
     python -m benchmarks.fconv_bench --scale 8             # widths and vocabulary / 8: under a minute
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from models.batch import StepBatch
 from models.checkpoint import LoadedModel
 from models.classic.fairseq_dictionary import dictionary_tokenizer
 from models.classic.literal_expression import literal_expression
@@ -68,6 +69,19 @@ def timed_engine_run(loaded: LoadedModel, prompts: list[list[int]], max_tokens: 
     return generated / (time.perf_counter() - start)
 
 
+def decode_step_ms(model: FConvLanguageModel, rows: int, repeats: int) -> float:
+    """Median milliseconds of the model's decode step alone (one new token for each of `rows` sequences)."""
+    state = model.new_state(rows)
+    batch = StepBatch.build([[5]] * rows, [10] * rows, slots=list(range(rows)))
+    model.step(batch, state)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.step(batch, state)
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
 def softmax_ms(model: FConvLanguageModel, rows: int, repeats: int) -> dict:
     """Milliseconds for the full log-distribution and for the exact greedy pick, over `rows` hidden states."""
     torch.manual_seed(1)
@@ -111,6 +125,7 @@ def run(scale: int, repeats: int, log=print) -> dict:
     concurrent = statistics.median(figures["concurrent_tokens_per_s"])
     sequential = statistics.median(figures["sequential_tokens_per_s"])
     results |= {"concurrent_median": concurrent, "sequential_median": sequential, "ratio": concurrent / sequential}
+    results["decode_step_ms"] = {rows: decode_step_ms(model, rows, 8) for rows in (1, 64)}
     results["adaptive_softmax"] = {rows: softmax_ms(model, rows, 5) for rows in (1, 64)}
     results["machine"]["load_average_end"] = load_average()
     return results

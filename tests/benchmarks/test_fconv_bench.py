@@ -12,7 +12,7 @@ def test_smoke_run_measures_both_concurrencies_and_the_softmax(tmp_path):
     results = fconv_bench.main(["--smoke", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
     assert results["concurrent_median"] > 0 and results["sequential_median"] > 0 and results["ratio"] > 0
-    assert set(results["adaptive_softmax"]) == {1, 64}
+    assert set(results["adaptive_softmax"]) == set(results["decode_step_ms"]) == {1, 64}
 
 
 def test_the_shape_is_the_published_one():
