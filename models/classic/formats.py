@@ -68,3 +68,4 @@ def convert(path: str | Path, vocab: str | Path | None = None, format_name: str 
 # The formats, in the order they are tried (each module appends its own on import).
 from . import word_language_model  # noqa: E402,F401
 from . import awd_lstm  # noqa: E402,F401
+from . import fairseq_fconv  # noqa: E402,F401

@@ -45,3 +45,16 @@ def test_a_file_of_no_known_format_is_one_clear_line(tmp_path):
     result = run_quill("generate", "hi", "--model", str(tmp_path / "weights.bin"))
     assert result.returncode == 2
     assert "not a checkpoint directory nor a classic toolkit's checkpoint" in result.stderr
+
+
+def test_convert_finds_a_fairseq_fconv_directory_by_itself(tmp_path, capsys):
+    """The registry tries every format: no import or flag names fconv here."""
+    from tests.models.classic.fairseq_fconv_reference import write_checkpoint
+
+    reference = write_checkpoint(tmp_path / "fconv")
+    assert main(["convert", str(tmp_path / "fconv"), "--out", str(tmp_path / "quill")]) == 0
+    assert "(fconv_lm)" in capsys.readouterr().out
+    loaded = load_checkpoint(tmp_path / "quill", device="cpu", dtype="float32")
+    prompt = [2, 5, 9, 30, 50]
+    torch.testing.assert_close(loaded.model(torch.tensor([prompt]))[0].log_softmax(-1), reference.log_probs(prompt),
+                               atol=1e-5, rtol=0)

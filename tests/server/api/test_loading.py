@@ -27,6 +27,7 @@ BODIES = {
     "/generate": {"inputs": "To be", "parameters": {"max_new_tokens": 2}},
     "/generate_stream": {"inputs": "To be", "parameters": {"max_new_tokens": 2}},
     "/": {"inputs": "To be", "parameters": {"max_new_tokens": 2}},
+    "/v1/structured/allowed": {"structured_outputs": {"regex": "a+"}, "text": ""},
 }
 NEEDS_NO_MODEL = {"/health", "/metrics"}  # alive and scrapeable while loading; /ready has its own 503
 

@@ -1,0 +1,177 @@
+"""fairseq's convolutional language model (`fconv_lm`; Dauphin et al. 2017, "Language Modeling with
+Gated Convolutional Networks"), the architecture of its published WikiText-103 and Billion Word models.
+
+    embed -> fc1 -> for each (out_channels, kernel_size, residual):
+        y = GLU(causal_conv(x))                       # 2*out maps halved by the gate
+        x = (y + proj(earlier output)) * sqrt(0.5)    # `residual` layers back; 0: no residual
+    -> fc2 -> fc3 (logits), or -> adaptive softmax (log-probabilities)
+
+There are no position embeddings (fairseq builds this decoder with `positional_embeddings=False`),
+so a sequence's state is only each convolution's window of its last k-1 inputs: a fixed size,
+kept in one flat row per slot (the convolutions' widths differ) and cut into per-layer views.
+An empty sequence's state is all zeros, which is exactly the causal zero padding of training.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .adaptive_softmax import AdaptiveSoftmax
+from .batch import StepBatch
+from .host_copy import to_device
+from .state import SlotState
+
+
+@dataclass
+class FConvConfig:
+    vocab_size: int
+    embed_dim: int = 128
+    # (out_channels, kernel_size, residual): `residual` is how many layers back the added input comes
+    # from (1: this layer's own input; 0: none). fairseq's default: [(1268, 4)] * 13.
+    layers: list[list[int]] = field(default_factory=lambda: [[1268, 4, 1]] * 13)
+    out_embed_dim: int = 128  # fc2's width; unused with an adaptive softmax
+    adaptive_softmax_cutoff: list[int] | None = None  # first id of each tail cluster, then vocab_size
+    adaptive_softmax_dims: list[int] | None = None  # inner width of each tail cluster
+    normalization_constant: float = 0.5  # residual sums are scaled by its square root
+
+    def __post_init__(self):
+        self.layers = [list(layer) for layer in self.layers]
+        if not self.layers:
+            raise ValueError("an fconv model needs at least one convolution")
+        for i, layer in enumerate(self.layers):
+            if len(layer) != 3 or not all(isinstance(n, int) for n in layer):
+                raise ValueError(f"layer {i} must be (out_channels, kernel_size, residual), not {layer}")
+            out_channels, kernel_size, residual = layer
+            if out_channels < 1 or kernel_size < 1 or not 0 <= residual <= i + 1:
+                raise ValueError(f"layer {i} {tuple(layer)}: widths and kernels must be at least 1 and the "
+                                 f"residual between 0 and {i + 1}")
+        if (self.adaptive_softmax_cutoff is None) != (self.adaptive_softmax_dims is None):
+            raise ValueError("adaptive_softmax_cutoff and adaptive_softmax_dims go together")
+        if self.adaptive_softmax_cutoff is not None and self.adaptive_softmax_cutoff[-1] != self.vocab_size:
+            raise ValueError(f"the last adaptive softmax cutoff must be vocab_size {self.vocab_size}")
+
+    @property
+    def in_channels(self) -> list[int]:
+        """Each convolution's input width: fc1's output, then the previous convolution's."""
+        return [self.layers[0][0]] + [out for out, _, _ in self.layers[:-1]]
+
+    @property
+    def window_sizes(self) -> list[int]:
+        """Floats of state per slot for each convolution: its last k-1 inputs."""
+        return [(k - 1) * c for (_, k, _), c in zip(self.layers, self.in_channels)]
+
+
+class CausalGatedConv(nn.Module):
+    """A convolution over the inputs so far, producing 2*out maps halved by a GLU.
+
+    The weight is kept as nn.Conv1d's (2*out, in, k), applied as one matrix product over each
+    position's k inputs (a decode step is one position per sequence, where a matmul beats conv1d).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(2 * out_channels, in_channels, kernel_size))
+        self.bias = nn.Parameter(torch.empty(2 * out_channels))
+        self.kernel_size = kernel_size
+
+    def forward(self, x: torch.Tensor, history: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, in), history (B, k-1, in) -> (B, T, out), and the inputs with history (B, k-1+T, in)."""
+        full = x if history is None else torch.cat([history, x], dim=1)
+        batch, steps = x.shape[:2]
+        windows = full.unfold(1, self.kernel_size, 1).reshape(batch, steps, -1)  # (B, T, in*k), weight order
+        out = F.linear(windows, self.weight.flatten(1), self.bias)
+        return F.glu(out, dim=-1), full
+
+
+class FConvLanguageModel(nn.Module):
+    state_kind = SlotState.kind
+
+    def __init__(self, config: FConvConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.embed_dim)
+        self.fc1 = nn.Linear(c.embed_dim, c.layers[0][0])
+        widths = [c.layers[0][0]]  # output width of fc1, then of each layer: what residuals reach back to
+        self.projections = nn.ModuleList()
+        self.convolutions = nn.ModuleList()
+        for (out_channels, kernel_size, residual), in_channels in zip(c.layers, c.in_channels):
+            source = widths[-residual] if residual else out_channels
+            self.projections.append(nn.Linear(source, out_channels) if source != out_channels else None)
+            self.convolutions.append(CausalGatedConv(in_channels, out_channels, kernel_size))
+            widths.append(out_channels)
+        last = c.layers[-1][0]
+        if c.adaptive_softmax_cutoff is None:
+            self.fc2 = nn.Linear(last, c.out_embed_dim)
+            self.fc3 = nn.Linear(c.out_embed_dim, c.vocab_size)
+            self.adaptive_softmax = None
+        else:
+            self.fc2 = self.fc3 = None
+            self.adaptive_softmax = AdaptiveSoftmax(last, c.adaptive_softmax_cutoff, c.adaptive_softmax_dims)
+        self.residual_scale = math.sqrt(c.normalization_constant)
+
+    def _run(self, tokens: torch.Tensor, histories: list[torch.Tensor | None]) -> tuple[torch.Tensor, list]:
+        """(B, T) tokens and each conv's history -> (B, T, last width) and each conv's input with history."""
+        x = self.fc1(self.embed_tokens(tokens))
+        outputs, fulls = [x], []
+        for (_, _, residual), proj, conv, history in zip(self.config.layers, self.projections,
+                                                         self.convolutions, histories):
+            x, full = conv(x, history)
+            if residual:
+                skip = outputs[-residual]
+                x = (x + (skip if proj is None else proj(skip))) * self.residual_scale
+            outputs.append(x)
+            fulls.append(full)
+        return x, fulls
+
+    def _scores(self, h: torch.Tensor) -> torch.Tensor:
+        """(N, D) -> (N, V) float32: logits, or log-probabilities with an adaptive softmax."""
+        if self.adaptive_softmax is not None:
+            return self.adaptive_softmax.log_probs(h)
+        return self.fc3(self.fc2(h)).float()
+
+    def _zero_histories(self, batch: int, like: torch.Tensor) -> list[torch.Tensor | None]:
+        return [like.new_zeros(batch, k - 1, c) if k > 1 else None
+                for (_, k, _), c in zip(self.config.layers, self.config.in_channels)]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, V) scores, from an empty (zero-padded) history."""
+        h, _ = self._run(tokens, self._zero_histories(tokens.shape[0], self.embed_tokens.weight))
+        return self._scores(h.flatten(0, 1)).view(*tokens.shape, -1)
+
+    def new_state(self, num_slots: int, dtype: torch.dtype | None = None) -> SlotState:
+        like = self.embed_tokens.weight
+        width = sum(self.config.window_sizes)
+        return SlotState({"windows": torch.zeros(num_slots, width, dtype=dtype or like.dtype, device=like.device)})
+
+    def _split_windows(self, flat: torch.Tensor) -> list[torch.Tensor | None]:
+        """(B, sum of window sizes) -> each conv's (B, k-1, in) view, None for k = 1."""
+        views = flat.split(self.config.window_sizes, dim=1)
+        return [v.view(flat.shape[0], k - 1, c) if k > 1 else None
+                for v, (_, k, _), c in zip(views, self.config.layers, self.config.in_channels)]
+
+    @torch.inference_mode()
+    def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
+        """Run the new tokens of each sequence after its windows; store the windows they end with."""
+        histories = self._split_windows(state["windows"][batch.slots])
+        tokens = batch.pad(batch.token_ids)  # (B, Q), right-padded: pads only follow real positions
+        h, fulls = self._run(tokens, histories)
+        if batch.max_query_len == 1:  # decode: each window drops its oldest input
+            windows = [full[:, 1:] for full in fulls]
+        else:  # each window is the k-1 inputs before the sequence's own end
+            ends = to_device(batch.query_lens, h.device)
+            windows = [full.gather(1, (ends[:, None] + torch.arange(k - 1, device=h.device))[:, :, None]
+                                   .expand(-1, -1, full.shape[2]))
+                       for full, (_, k, _) in zip(fulls, self.config.layers)]
+        kept = [w.flatten(1) for w, (_, k, _) in zip(windows, self.config.layers) if k > 1]
+        if kept:
+            state["windows"][batch.slots] = torch.cat(kept, dim=1)
+        h = batch.unpad(h)
+        if batch.logits_indices is not None:
+            h = h[batch.logits_indices]
+        return self._scores(h)

@@ -1,0 +1,143 @@
+"""A converted fconv_lm through the engine: greedy, beams, logprobs and batching give fairseq's answers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.checkpoint import LoadedModel
+from models.classic import fairseq_fconv  # noqa: F401  (registers the format)
+from models.classic.formats import convert
+from server.engine.core import CacheConfig, EngineConfig, EngineCore
+from server.engine.scheduler import SchedulerConfig
+from server.sampling import SamplingParams
+from tests.models.classic.fairseq_fconv_reference import write_checkpoint
+from tests.server.engine.helpers import run_to_completion
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm. is deprecated:FutureWarning")
+
+EOS = 2
+PROMPTS = [[2, 5, 9, 30, 50, 70, 4, 4, 12, 41, 39, 20], [2, 5, 9, 30, 50, 61], [2], [2, 44, 43, 42, 41, 40, 39, 38]]
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["adaptive", "fc3"])
+def pair(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("fconv")
+    reference = write_checkpoint(directory, adaptive=request.param)
+    converted = convert(directory)
+    loaded = LoadedModel("fconv", None, "fconv", converted.model, converted.tokenizer, [EOS], torch.device("cpu"),
+                         torch.float32)
+    return reference, loaded
+
+
+def engine(loaded, budget=16) -> EngineCore:
+    return EngineCore(loaded, EngineConfig(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget),
+                                           CacheConfig(block_size=4, num_blocks=256)))
+
+
+def reference_greedy(reference, prompt, n):
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(reference.log_probs(ids)[-1].argmax()))
+    return ids[len(prompt):]
+
+
+def reference_beams(reference, prompt, width, n):
+    """Beam search where no beam ends early (EOS ignored): the `width` best by summed log-probability."""
+    beams = [(0.0, [])]
+    for _ in range(n):
+        candidates = []
+        for score, ids in beams:
+            log_probs = reference.log_probs(prompt + ids)[-1].double()
+            top = log_probs.topk(width)
+            candidates += [(score + v.item(), ids + [i.item()]) for v, i in zip(top.values, top.indices)]
+        beams = sorted(candidates, key=lambda c: -c[0])[:width]
+    return beams
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_greedy_equals_the_reference_alone_and_in_a_busy_batch(pair, busy):
+    reference, loaded = pair
+    e = engine(loaded)
+    if busy:
+        for i in range(6):
+            e.add_request(f"noise{i}", PROMPTS[i % 4][: 2 + i], SamplingParams(max_tokens=5 + i, seed=i, n=1 + i % 2))
+    for i, prompt in enumerate(PROMPTS):
+        e.add_request(f"g{i}", prompt, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    results = run_to_completion(e)
+    for i, prompt in enumerate(PROMPTS):
+        assert results[f"g{i}"][0]["token_ids"] == reference_greedy(reference, prompt, 10), f"prompt {i}"
+    assert e.cache.usage == 0
+
+
+def test_beams_equal_the_reference(pair):
+    reference, loaded = pair
+    e = engine(loaded)
+    for i, prompt in enumerate(PROMPTS[:2]):
+        e.add_request(f"beam{i}", prompt, SamplingParams(max_tokens=5, use_beam_search=True, beam_width=3, n=3,
+                                                         ignore_eos=True))
+    results = run_to_completion(e)
+    for i, prompt in enumerate(PROMPTS[:2]):
+        want = reference_beams(reference, prompt, 3, 5)
+        got = results[f"beam{i}"]
+        assert [got[j]["token_ids"] for j in range(3)] == [ids for _, ids in want]
+        assert [got[j]["score"] for j in range(3)] == pytest.approx([s / 5 for s, _ in want], abs=1e-4)
+
+
+def test_logprobs_of_prompt_and_output_are_the_references(pair):
+    reference, loaded = pair
+    prompt = PROMPTS[0]
+    e = engine(loaded, budget=5)  # the prompt in several chunks
+    e.add_request("scored", prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=3,
+                                                   prompt_logprobs=2))
+    result = run_to_completion(e)["scored"]
+    full = reference.log_probs(prompt + result[0]["token_ids"])
+    scored = result["prompt_logprobs"]
+    for t in range(1, len(prompt)):
+        assert scored[t].logprob == pytest.approx(full[t - 1, prompt[t]].item(), abs=1e-5)
+        assert [i for i, _ in scored[t].top] == full[t - 1].topk(2).indices.tolist()
+    for k, lp in enumerate(result[0]["logprobs"]):
+        row = full[len(prompt) - 1 + k]
+        assert lp.logprob == pytest.approx(row.max().item(), abs=1e-5)
+        assert [i for i, _ in lp.top] == row.topk(3).indices.tolist()
+
+
+def test_seeded_sampling_is_the_same_alone_and_batched(pair):
+    _, loaded = pair
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=7, n=2, ignore_eos=True)
+    e = engine(loaded)
+    e.add_request("alone", PROMPTS[1], params)
+    alone = run_to_completion(e)["alone"]
+    for i, prompt in enumerate(PROMPTS):
+        e.add_request(f"other{i}", prompt, SamplingParams(max_tokens=9, seed=i, ignore_eos=True))
+    e.add_request("batched", PROMPTS[1], params)
+    batched = run_to_completion(e)["batched"]
+    assert [alone[j]["token_ids"] for j in range(2)] == [batched[j]["token_ids"] for j in range(2)]
+
+
+def test_prefix_cache_snapshots_continue_exactly(pair):
+    reference, loaded = pair
+    e = engine(loaded)
+    shared = [2] + list(range(10, 31))  # many blocks of 4
+    e.add_request("first", shared + [5], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    run_to_completion(e)
+    hits = e.cache.prefix_hits
+    e.add_request("second", shared + [6, 7], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    second = run_to_completion(e)["second"][0]["token_ids"]
+    assert e.cache.prefix_hits > hits
+    assert second == reference_greedy(reference, shared + [6, 7], 6)
+
+
+def test_decode_steps_replayed_as_graphs_give_the_eager_answers(pair):
+    """The runner's graph path (emulated on a CPU: capture refuses what a CUDA stream could not capture)."""
+    from tests.server.engine.test_graphs import (ARRIVALS, assert_same_answers, make_engine, record_replays,
+                                                 run_arrivals)
+
+    _, loaded = pair
+    arrivals = [(step, rid, [t % loaded.tokenizer.vocab_size for t in prompt], params)
+                for step, rid, prompt, params in ARRIVALS]
+    expected = run_arrivals(make_engine(loaded, graphs=False), arrivals)
+    engine = make_engine(loaded, graphs=True)
+    replays = record_replays(engine)
+    assert_same_answers(run_arrivals(engine, arrivals), expected)
+    assert {1, 2, 4, 8} <= {size for _, size in replays}
