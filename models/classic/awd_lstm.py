@@ -23,7 +23,7 @@ from models.errors import CheckpointError
 from models.lstm import LSTMConfig, LSTMLanguageModel
 
 from .fastai_text import MARKERS, UNK, FastaiTokenizer
-from .formats import FORMATS, ClassicFormat, Converted
+from .formats import FORMATS, ClassicFormat, Converted, find_model_file
 from .restricted_pickle import load_plain, load_restricted, peek_pickle
 from .word_tokenizer import word_tokenizer
 
@@ -33,15 +33,7 @@ _LAYER = re.compile(r"^0\.rnns\.(\d+)\.")
 
 
 def model_file(path: Path) -> Path | None:
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        return None
-    for name in MODEL_FILES:
-        if (path / name).is_file():
-            return path / name
-    candidates = sorted(p for p in path.glob("*.pth") if p.is_file())
-    return candidates[0] if len(candidates) == 1 else None
+    return find_model_file(path, MODEL_FILES, (".pth",))
 
 
 def detect(path: Path) -> bool:

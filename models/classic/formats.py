@@ -41,6 +41,19 @@ class ClassicFormat:
 FORMATS: list[ClassicFormat] = []  # each format module appends its own (see load order at the bottom)
 
 
+def find_model_file(path: Path, names: tuple[str, ...], suffixes: tuple[str, ...]) -> Path | None:
+    """The model file `path` is, or holds: the first of `names` there, else its only file ending in `suffixes`."""
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        return None
+    for name in names:
+        if (path / name).is_file():
+            return path / name
+    candidates = sorted(p for p in path.iterdir() if p.suffix in suffixes and p.is_file())
+    return candidates[0] if len(candidates) == 1 else None
+
+
 def find_format(path: Path) -> ClassicFormat | None:
     return next((f for f in FORMATS if f.detect(path)), None)
 

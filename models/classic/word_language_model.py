@@ -24,7 +24,7 @@ from models.errors import CheckpointError
 from models.lstm import LSTMConfig, LSTMLanguageModel
 
 from .corpus_vocabulary import LINE_END, SPLITS, read_vocabulary, vocabulary_source
-from .formats import FORMATS, ClassicFormat, Converted
+from .formats import FORMATS, ClassicFormat, Converted, find_model_file
 from .pickled_module import module_tensors
 from .restricted_pickle import PickledObject, attributes, load_restricted, peek_pickle
 from .word_tokenizer import word_tokenizer
@@ -40,16 +40,7 @@ UNKNOWN_WORD = "<unk>"  # how wikitext, the example's corpus, writes the words i
 
 
 def model_file(path: Path) -> Path | None:
-    """The model file `path` is, or holds (model.pt, or its only .pt/.pth)."""
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        return None
-    for name in MODEL_FILES:
-        if (path / name).is_file():
-            return path / name
-    candidates = sorted(p for p in path.iterdir() if p.suffix in (".pt", ".pth") and p.is_file())
-    return candidates[0] if len(candidates) == 1 else None
+    return find_model_file(path, MODEL_FILES, (".pt", ".pth"))
 
 
 def _is_transformer(pickled: bytes) -> bool:

@@ -31,13 +31,6 @@ def app(hub_cache):
     host.shutdown()
 
 
-@pytest.fixture
-async def client(app):
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://quill.test",
-                                 timeout=60) as c:
-        yield c
-
-
 async def chat(client, **body) -> httpx.Response:
     return await client.post("/v1/chat/completions", json={"model": "shakespeare", **body})
 

@@ -29,7 +29,7 @@ def is_valid(text: str) -> bool:
             and all(t in ("a", "b") for t in value["tags"]) and len(value["tags"]) <= 2)
 
 
-@pytest.fixture(params=["lstm", "transformer-llama"])
+@pytest.fixture(params=["lstm", "gcnn", "transformer-llama"])
 def loaded(request, tiny_tokenizer):
     return loaded_model(request.param, tiny_tokenizer)
 
