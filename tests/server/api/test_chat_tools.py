@@ -9,6 +9,7 @@ import json
 import shutil
 
 import httpx
+import jsonschema
 import openai
 import pytest
 import transformers
@@ -316,7 +317,6 @@ def long_qwen(hub_cache, tmp_path_factory):
 async def test_a_random_weight_model_forced_to_call_answers_a_valid_call(long_qwen, choice):
     """Real generation by a tiny random-weight model: the grammar holds every answer to a call of a listed
     function whose arguments match its schema, whatever the weights would rather write."""
-    jsonschema = pytest.importorskip("jsonschema")
     tool_choice = "required" if choice == "required" else {"type": "function", "function": {"name": "get_weather"}}
     # Bounded arguments: a grammar cannot make a random model end a free string, but it holds it to these.
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
