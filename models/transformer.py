@@ -4,6 +4,9 @@ One configuration spans the designs: learned positions + LayerNorm + GELU MLP (G
 or rotary positions + RMSNorm + gated MLP + grouped-query attention (Llama), with the
 small departures of Llama's relatives as switches: bias on q, k, v only (Qwen2), a
 per-head RMSNorm of q and k (Qwen3), scaled embeddings and a (1 + w) RMSNorm (Gemma).
+The original Transformer's layout is switches too (PyTorch's nn.TransformerEncoderLayer, as
+word_language_model uses it): a norm after each residual add and none at the end (`post_norm`,
+`final_norm`), fixed sinusoidal positions, a ReLU MLP with biases, a bias on the output layer.
 
 State per sequence: K and V of every layer in fixed-size blocks of a `PagedKVCache`;
 a step writes the new tokens' K,V into their slots, then attends over the blocks
@@ -47,9 +50,11 @@ class TransformerConfig:
     head_dim: int | None = None  # default d_model // n_heads
     d_ff: int | None = None  # default 4 * d_model, or 8/3 of it for a gated MLP
     max_seq_len: int = 256  # context window
-    positional: str = "rope"  # "rope" | "learned"
+    positional: str = "rope"  # "rope" | "learned" | "sinusoidal" (fixed, added to the embeddings: Vaswani et al.)
     norm: str = "rmsnorm"  # a key of NORMS: "rmsnorm" | "rmsnorm_unit_offset" | "layernorm"
     norm_eps: float = 1e-5
+    post_norm: bool = False  # norm(x + sublayer(x)), the original Transformer; default pre-norm x + sublayer(norm(x))
+    final_norm: bool = True  # a norm before the output layer (post-norm stacks have none)
     gated_mlp: bool = True  # SwiGLU-style: act(gate(x)) * up(x)
     activation: str = "silu"
     attn_bias: bool = False
@@ -60,6 +65,7 @@ class TransformerConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None  # {"rope_type": "linear"|"llama3", "factor": ..., ...}
     tie_embeddings: bool = True
+    output_bias: bool = False  # a bias on the output layer's logits (`lm_bias`)
     dropout: float = 0.0  # training only
     extra: dict = field(default_factory=dict)  # provenance (e.g. the Hugging Face class it came from)
 
@@ -73,13 +79,15 @@ class TransformerConfig:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         for name, value, allowed in [
-            ("positional", self.positional, ("rope", "learned")),
+            ("positional", self.positional, ("rope", "learned", "sinusoidal")),
             ("norm", self.norm, tuple(NORMS)),
             ("activation", self.activation, tuple(ACTIVATIONS)),
             ("rope_scaling type", rope_scaling_type(self.rope_scaling), ROPE_SCALING_TYPES),
         ]:
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, not {self.d_model}")
 
 
 class RMSNorm(nn.Module):
@@ -154,6 +162,15 @@ def rope_tables(config: TransformerConfig, positions: torch.Tensor, dtype) -> tu
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def sinusoidal_positions(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """positions (...,) -> (..., dim) float32: sin in even features, cos in odd, at wavelengths from 2 pi to
+    10000 * 2 pi; computed from the positions (no table to outgrow), in the operations and order of PyTorch's
+    word_language_model PositionalEncoding, so its stored `pe` rows come out bit for bit."""
+    div_term = torch.exp(torch.arange(0, dim, 2, device=positions.device).float() * (-math.log(10000.0) / dim))
+    angles = positions.float()[..., None] * div_term  # (..., dim / 2)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)
+
+
 class Attention(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -218,12 +235,23 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(config)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
+        # Post-norm: attn_norm follows the attention's residual add, mlp_norm the MLP's.
+        self.post_norm = config.post_norm
 
     def forward(self, x, rope):
+        if self.post_norm:
+            x = self.attn_norm(x + self.drop(self.attn(x, rope)))
+            return self.mlp_norm(x + self.drop(self.mlp(x)))
         x = x + self.drop(self.attn(self.attn_norm(x), rope))
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
     def step(self, x, rope, k_cache, v_cache, attention, ops: LayerOps):
+        if self.post_norm:
+            # add_norm's first result is norm(x + h): the post-norm residual. Fused where the ops fuse the norm
+            # (RMSNorm); a LayerNorm, as PyTorch's encoder layer has, runs as torch ops under any LayerOps.
+            x, _ = ops.add_norm(self.attn.step(x, rope, k_cache, v_cache, attention, ops), x, self.attn_norm)
+            x, _ = ops.add_norm(self.mlp(x, ops), x, self.mlp_norm)
+            return x
         h = self.attn.step(ops.norm(x, self.attn_norm), rope, k_cache, v_cache, attention, ops)
         h, x = ops.add_norm(h, x, self.mlp_norm)  # x = x + h, h = mlp_norm(x): one kernel where fused
         return x + self.mlp(h, ops)
@@ -238,8 +266,9 @@ class TransformerLanguageModel(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.pos_embed = nn.Embedding(config.max_seq_len, config.d_model) if config.positional == "learned" else None
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.norm = make_norm(config)
+        self.norm = make_norm(config) if config.final_norm else None
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.output_bias else None
         self.drop = nn.Dropout(config.dropout)
         # How steps read the paged cache: a key of models.attention.ATTENTION_BACKENDS, or "auto" for the
         # default of the device the cache is allocated on. Resolved by new_state, carried by the cache.
@@ -265,11 +294,15 @@ class TransformerLanguageModel(nn.Module):
         if self.pos_embed is not None:
             x = x + self.pos_embed(positions)
             return x, None
+        if self.config.positional == "sinusoidal":
+            return x + sinusoidal_positions(positions, self.config.d_model).to(x.dtype), None
         return x, rope_tables(self.config, positions, x.dtype)
 
     def _logits(self, h: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(ops.norm(h, self.norm), weight).float()
+        if self.norm is not None:
+            h = ops.norm(h, self.norm)
+        return F.linear(h, weight, self.lm_bias).float()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits, no cache."""

@@ -51,6 +51,12 @@ TINY_CONFIGS = {
         dict(d_model=32, n_layers=2, n_heads=4, positional="learned", norm="layernorm", gated_mlp=False,
              activation="gelu_tanh", attn_bias=True, mlp_bias=True, max_seq_len=64),
     ),
+    "transformer-post-norm": (  # the original layout, as PyTorch's word_language_model TransformerModel
+        "transformer",
+        dict(d_model=32, n_layers=2, n_heads=4, positional="sinusoidal", norm="layernorm", post_norm=True,
+             final_norm=False, gated_mlp=False, activation="relu", attn_bias=True, mlp_bias=True,
+             embed_scale=32 ** 0.5, tie_embeddings=False, output_bias=True, max_seq_len=64),
+    ),
 }
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pickle
 import sys
-import zipfile
 
 import pytest
 import torch
@@ -16,8 +14,9 @@ from models.errors import CheckpointError
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
-from tests.models.classic.wlm_checkpoints import (WORDS, build_rnn_model, reference_beam, reference_greedy,
-                                                  reference_logits, save_state_dict, save_whole, write_corpus)
+from tests.models.classic.wlm_checkpoints import (WORDS, build_rnn_model, build_transformer_model, reference_beam,
+                                                  reference_greedy, reference_logits, save_state_dict, save_whole,
+                                                  write_corpus)
 from tests.models.test_incremental import Cache
 from tests.server.engine.helpers import run_to_completion
 
@@ -26,8 +25,12 @@ PROMPTS = [[1, 2, 3, 4, 1, 5], [6], [11, 2, 12, 11, 6, 0, 1, 13, 14, 15, 16, 0, 
 
 
 def original(tmp_path, rnn_type: str, tied: bool = False, whole: bool = True):
-    """(the example's model, the directory holding its model.pt and the corpus it was trained on)."""
-    reference = build_rnn_model(tmp_path / "code", rnn_type, tied=tied)
+    """(the example's model, the directory holding its model.pt and the corpus it was trained on); rnn_type
+    "Transformer" is main.py's `--model Transformer`, a TransformerModel."""
+    if rnn_type == "Transformer":
+        reference = build_transformer_model(tmp_path / "code")
+    else:
+        reference = build_rnn_model(tmp_path / "code", rnn_type, tied=tied)
     directory = write_corpus(tmp_path / "run")
     (save_whole if whole else save_state_dict)(reference, directory / "model.pt")
     return reference, directory
@@ -47,11 +50,7 @@ def test_whole_model_logits_match_the_example(tmp_path, rnn_type, tied):
     for prompt in PROMPTS:
         expected = reference_logits(reference, prompt)
         torch.testing.assert_close(converted.model(torch.tensor([prompt]))[0], expected, atol=1e-5, rtol=0)
-        # chunked prefill, then single-token steps, from the model's state slots
-        cache = Cache(converted.model, 1, device=torch.device("cpu"))
-        chunks = [prompt[:3]] + [[t] for t in prompt[3:]] if len(prompt) > 3 else [prompt]
-        stepped = torch.cat([cache.run([0], [chunk])[0] for chunk in chunks])
-        torch.testing.assert_close(stepped, expected, atol=1e-5, rtol=0)
+        assert_steps_match(converted.model, prompt, expected)  # from the model's state slots
 
 
 def test_legacy_format_whole_model_is_refused_saying_what_to_do(tmp_path):
@@ -109,12 +108,50 @@ def test_newlines_are_the_corpus_line_ends(tmp_path):
     assert tokenizer.eos_token_id is None  # <eos> is a line end: generation goes on past it
 
 
-def test_transformer_model_is_refused_naming_what_is_missing(tmp_path):
-    # Only the names in the pickle are looked at before refusing: a stand-in file spelling them is enough.
-    with zipfile.ZipFile(tmp_path / "model.pt", "w") as z:
-        z.writestr("model/data.pkl", pickle.dumps("model TransformerModel PositionalEncoding"))
-    with pytest.raises(CheckpointError, match="post-LN"):
-        convert(tmp_path / "model.pt")
+def assert_steps_match(model, prompt: list[int], expected: torch.Tensor, log_softmax: bool = False):
+    """Chunked prefill, then single-token steps, against `expected` (T, V)."""
+    cache = Cache(model, 1, device=torch.device("cpu"))
+    chunks = [prompt[:3]] + [[t] for t in prompt[3:]] if len(prompt) > 3 else [prompt]
+    stepped = torch.cat([cache.run([0], [chunk])[0] for chunk in chunks])
+    torch.testing.assert_close(torch.log_softmax(stepped, -1) if log_softmax else stepped, expected, atol=1e-5, rtol=0)
+
+
+def test_transformer_model_logits_match_the_example(tmp_path):
+    reference, directory = original(tmp_path, "Transformer")
+    converted = convert(directory)
+    config = converted.model.config
+    assert converted.architecture == "transformer" and converted.metadata["model_type"] == "Transformer"
+    assert (config.n_heads, config.n_layers, config.d_ff, config.max_seq_len) == (2, 2, 24, 5000)
+    assert (config.positional, config.post_norm, config.final_norm, config.output_bias) == ("sinusoidal", True,
+                                                                                            False, True)
+    for prompt in PROMPTS:
+        expected = reference_logits(reference, prompt)  # log_softmax under the example's causal mask
+        torch.testing.assert_close(torch.log_softmax(converted.model(torch.tensor([prompt]))[0], -1), expected,
+                                   atol=1e-5, rtol=0)
+        assert_steps_match(converted.model, prompt, expected, log_softmax=True)
+
+
+def test_transformer_state_dict_needs_its_heads_named(tmp_path):
+    reference, directory = original(tmp_path, "Transformer", whole=False)
+    with pytest.raises(CheckpointError, match="word_language_model_nhead<N>"):
+        convert(directory)
+    converted = convert(directory, format_name="word_language_model_nhead2")
+    assert converted.model.config.n_heads == 2
+    for prompt in PROMPTS:
+        torch.testing.assert_close(torch.log_softmax(converted.model(torch.tensor([prompt]))[0], -1),
+                                   reference_logits(reference, prompt), atol=1e-5, rtol=0)
+    wrong = convert(directory, format_name="word_language_model_nhead4")  # loads, but is another model
+    tokens = torch.tensor([PROMPTS[2]])
+    assert not torch.allclose(wrong.model(tokens), converted.model(tokens))
+
+
+def test_transformer_positions_must_be_the_sinusoidal_table(tmp_path):
+    reference, directory = original(tmp_path, "Transformer", whole=False)
+    state = reference.state_dict()
+    state["pos_encoder.pe"] = state["pos_encoder.pe"] + 0.01
+    torch.save(state, directory / "model.pt")
+    with pytest.raises(CheckpointError, match="pos_encoder.pe is not the sinusoidal table"):
+        convert(directory, format_name="word_language_model_nhead2")
 
 
 def engine(loaded, budget: int = 64) -> EngineCore:
@@ -122,7 +159,7 @@ def engine(loaded, budget: int = 64) -> EngineCore:
                                            CacheConfig(block_size=4, num_blocks=64)))
 
 
-@pytest.mark.parametrize("rnn_type", RNN_TYPES)
+@pytest.mark.parametrize("rnn_type", RNN_TYPES + ["Transformer"])
 def test_engine_greedy_beam_and_logprobs_match_the_example(tmp_path, rnn_type):
     reference, directory = original(tmp_path, rnn_type, tied=rnn_type == "GRU")
     loaded = load_checkpoint(directory, device="cpu", dtype="float32")  # converted on the way (models/location)

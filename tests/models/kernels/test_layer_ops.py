@@ -62,8 +62,13 @@ GEMMA_LIKE = dict(d_model=36, n_layers=2, n_heads=3, n_kv_heads=1, head_dim=10, 
                   activation="gelu_tanh", qk_norm=True, embed_scale=6.0, rope_scaling=dict(
                       rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                       original_max_position_embeddings=16))
+# The original Transformer's layout (post-norm, sinusoidal positions, ReLU MLP) with RMSNorm, which the fused
+# add_norm kernel covers: norm(x + h) is its first result, the post-norm residual.
+POST_NORM = dict(d_model=32, n_layers=2, n_heads=4, positional="sinusoidal", post_norm=True, final_norm=False,
+                 gated_mlp=False, activation="relu", attn_bias=True, mlp_bias=True, output_bias=True)
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
-CASES = [("llama", torch.float32), ("llama", torch.float16), ("gemma-like", torch.float32)]
+CASES = [("llama", torch.float32), ("llama", torch.float16), ("gemma-like", torch.float32),
+         ("post-norm", torch.float32)]
 if KERNEL_DEVICE.type == "cuda":
     CASES += [("llama", torch.bfloat16), ("gemma-like", torch.bfloat16)]
 
@@ -74,8 +79,8 @@ def build(key: str, dtype: torch.dtype):
     else:
         config_cls, model_cls = ARCHITECTURES["transformer"]
         torch.manual_seed(0)
-        model = model_cls(config_cls(vocab_size=V, **GEMMA_LIKE)).eval()
-        with torch.no_grad():  # unit-offset norms start at zero, the identity: give them weights to check
+        model = model_cls(config_cls(vocab_size=V, **(GEMMA_LIKE if key == "gemma-like" else POST_NORM))).eval()
+        with torch.no_grad():  # norms start as the identity (unit-offset ones at zero): give them weights to check
             for name, p in model.named_parameters():
                 if "norm" in name:
                     p.normal_(0.0, 0.3)
