@@ -1,8 +1,10 @@
 """fairseq's fconv_lm at the published WikiText-103 shape, random weights, through the in-process engine:
-tokens/s with many concurrent requests against one request at a time, and what the adaptive softmax's
-exact greedy shortlist would save over the full distribution; and the model's decode step alone.
+tokens/s with many concurrent requests against one request at a time; greedy requests at 64 concurrent
+with the adaptive softmax's exact greedy shortlist (the engine asks for it) and with the full distribution
+(`cheap_argmax` off), interleaved; what the shortlist saves alone; and the model's decode step alone.
 
-    python -m benchmarks.fconv_bench --out fconv.json      # ~3-5 min on 2 cores
+    python -m benchmarks.fconv_bench --out fconv.json      # ~5-8 min on 2 cores
+    python -m benchmarks.fconv_bench --greedy-only         # only the greedy comparison
     python -m benchmarks.fconv_bench --scale 8             # widths and vocabulary / 8: under a minute
     python -m benchmarks.fconv_bench --smoke               # seconds: checks that it runs, measures nothing
 
@@ -55,11 +57,12 @@ def random_model(config: FConvConfig) -> FConvLanguageModel:
     return model.eval().requires_grad_(False)
 
 
-def timed_engine_run(loaded: LoadedModel, prompts: list[list[int]], max_tokens: int, concurrency: int) -> float:
+def timed_engine_run(loaded: LoadedModel, prompts: list[list[int]], max_tokens: int, concurrency: int,
+                     temperature: float = 1.0) -> float:
     """Generated tokens per second, `concurrency` requests at a time."""
     engine = EngineCore(loaded, EngineConfig(SchedulerConfig(max_num_seqs=concurrency, max_num_batched_tokens=2048),
                                              CacheConfig(block_size=16, num_blocks=64)))
-    params = SamplingParams(max_tokens=max_tokens, temperature=1.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True)
     generated, start = 0, time.perf_counter()
     for first in range(0, len(prompts), concurrency):
         for i, prompt in enumerate(prompts[first:first + concurrency]):
@@ -69,10 +72,13 @@ def timed_engine_run(loaded: LoadedModel, prompts: list[list[int]], max_tokens: 
     return generated / (time.perf_counter() - start)
 
 
-def decode_step_ms(model: FConvLanguageModel, rows: int, repeats: int) -> float:
-    """Median milliseconds of the model's decode step alone (one new token for each of `rows` sequences)."""
+def decode_step_ms(model: FConvLanguageModel, rows: int, repeats: int, argmax_only: bool = False) -> float:
+    """Median milliseconds of the model's decode step alone (one new token for each of `rows` sequences);
+    `argmax_only`: every row asks for its argmax alone, as plain greedy requests' rows do."""
     state = model.new_state(rows)
     batch = StepBatch.build([[5]] * rows, [10] * rows, slots=list(range(rows)))
+    if argmax_only:
+        batch.argmax_only = torch.ones(rows, dtype=torch.bool)
     model.step(batch, state)
     times = []
     for _ in range(repeats):
@@ -100,7 +106,16 @@ def softmax_ms(model: FConvLanguageModel, rows: int, repeats: int) -> dict:
     return out
 
 
-def run(scale: int, repeats: int, log=print) -> dict:
+def greedy_tokens_per_s(loaded: LoadedModel, prompts: list[list[int]], max_tokens: int, shortlist: bool) -> float:
+    """Greedy tokens/s, all `prompts` at once; `shortlist` False makes the engine ask for every full distribution."""
+    loaded.model.cheap_argmax = shortlist  # read when the engine's runner is built
+    try:
+        return timed_engine_run(loaded, prompts, max_tokens, len(prompts), temperature=0.0)
+    finally:
+        loaded.model.cheap_argmax = True
+
+
+def run(scale: int, repeats: int, log=print, greedy_only: bool = False) -> dict:
     config = wikitext103_config(scale)
     model = random_model(config)
     log(f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters")
@@ -114,8 +129,24 @@ def run(scale: int, repeats: int, log=print) -> dict:
                        for _ in range(64)]
     results = {"machine": describe_machine() | {"load_average": load_average()}, "scale": scale,
                "prompt_tokens": prompt_len, "max_tokens": max_tokens, "concurrent": 64, "sequential_requests": 4}
-    figures = {"concurrent_tokens_per_s": [], "sequential_tokens_per_s": []}
     timed_engine_run(loaded, batched_prompts[:2], 4, 2)  # warm-up
+    greedy = {"greedy_shortlist_tokens_per_s": [], "greedy_full_tokens_per_s": []}
+    for r in range(repeats):  # interleaved, so that drift in the machine's load reaches both alike
+        greedy["greedy_shortlist_tokens_per_s"].append(greedy_tokens_per_s(loaded, batched_prompts, max_tokens, True))
+        greedy["greedy_full_tokens_per_s"].append(greedy_tokens_per_s(loaded, batched_prompts, max_tokens, False))
+        log(f"repeat {r}: greedy at 64, {greedy['greedy_shortlist_tokens_per_s'][-1]:.1f} tok/s with the shortlist, "
+            f"{greedy['greedy_full_tokens_per_s'][-1]:.1f} tok/s with full distributions")
+    results |= greedy
+    shortlist_median = statistics.median(greedy["greedy_shortlist_tokens_per_s"])
+    full_median = statistics.median(greedy["greedy_full_tokens_per_s"])
+    results |= {"greedy_shortlist_median": shortlist_median, "greedy_full_median": full_median,
+                "greedy_ratio": shortlist_median / full_median}
+    results["greedy_decode_step_ms"] = {name: decode_step_ms(model, 64, 8, argmax_only=quick)
+                                        for name, quick in (("shortlist", True), ("full", False))}
+    if greedy_only:
+        results["machine"]["load_average_end"] = load_average()
+        return results
+    figures = {"concurrent_tokens_per_s": [], "sequential_tokens_per_s": []}
     for r in range(repeats):
         figures["concurrent_tokens_per_s"].append(timed_engine_run(loaded, batched_prompts, max_tokens, 64))
         figures["sequential_tokens_per_s"].append(timed_engine_run(loaded, batched_prompts[:4], max_tokens, 1))
@@ -136,12 +167,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--scale", type=int, default=1, help="divide every width and the vocabulary by this")
     parser.add_argument("--smoke", action="store_true", help="--scale 64 --repeats 1")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--greedy-only", action="store_true", help="only greedy with and without the shortlist")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    results = run(64, 1) if args.smoke else run(args.scale, args.repeats)
+    results = run(64, 1, greedy_only=args.greedy_only) if args.smoke else run(args.scale, args.repeats,
+                                                                                greedy_only=args.greedy_only)
     print(json.dumps({k: v for k, v in results.items() if k != "machine"}, indent=2))
-    print(f"{results['concurrent_median']:.1f} tok/s at 64 concurrent, {results['sequential_median']:.1f} tok/s "
-          f"one at a time: x{results['ratio']:.1f} on {results['machine']['cpu']} ({results['machine']['cores']} cores)")
+    print(f"greedy at 64 concurrent: {results['greedy_shortlist_median']:.1f} tok/s with the exact shortlist, "
+          f"{results['greedy_full_median']:.1f} tok/s with full distributions: x{results['greedy_ratio']:.2f}; decode "
+          f"step of 64 rows {results['greedy_decode_step_ms']['shortlist']:.0f} against "
+          f"{results['greedy_decode_step_ms']['full']:.0f} ms")
+    if not args.greedy_only:
+        machine = results["machine"]
+        print(f"{results['concurrent_median']:.1f} tok/s at 64 concurrent, {results['sequential_median']:.1f} tok/s "
+              f"one at a time: x{results['ratio']:.1f} on {machine['cpu']} ({machine['cores']} cores)")
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     return results

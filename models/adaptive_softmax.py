@@ -10,7 +10,8 @@ narrower projection of the hidden state (inner width `dims[i]`, shrinking with r
 `log_probs` computes the whole distribution (what sampling and logprobs need). `greedy` finds its
 argmax exactly while scoring only the clusters that could hold it: no word of cluster i can beat
 the best word found so far if the cluster's own log-probability is already lower, so most rows
-never evaluate the big tails.
+never evaluate the big tails. The engine asks for it for rows of plain greedy requests
+(StepBatch.argmax_only, fconv.py's `_scores`).
 """
 
 from __future__ import annotations

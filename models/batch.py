@@ -24,6 +24,9 @@ class StepBatch:
     slots: torch.Tensor | None = None  # (B,) state slot per sequence (fixed-size state)
     block_tables: torch.Tensor | None = None  # (B, max_blocks) cache blocks per sequence (paged K,V)
     logits_indices: torch.Tensor | None = None  # (K,) rows of the packed batch to score; None: all rows
+    # (K,) bool per scored row: True where only the argmax is read, so a model that declares `cheap_argmax`
+    # may return the argmax's log-probability there and -inf elsewhere. None: every row needs all its scores.
+    argmax_only: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -90,6 +90,9 @@ class CausalGatedConv(nn.Module):
 
 class FConvLanguageModel(nn.Module):
     state_kind = SlotState.kind
+    # With an adaptive softmax, a row whose argmax alone is read (StepBatch.argmax_only) costs a fraction
+    # of its full distribution (adaptive_softmax.py's `greedy`); set per model in __init__.
+    cheap_argmax = False
 
     def __init__(self, config: FConvConfig):
         super().__init__()
@@ -113,6 +116,7 @@ class FConvLanguageModel(nn.Module):
         else:
             self.fc2 = self.fc3 = None
             self.adaptive_softmax = AdaptiveSoftmax(last, c.adaptive_softmax_cutoff, c.adaptive_softmax_dims)
+            self.cheap_argmax = True
         self.residual_scale = math.sqrt(c.normalization_constant)
 
     def _run(self, tokens: torch.Tensor, histories: list[torch.Tensor | None]) -> tuple[torch.Tensor, list]:
@@ -129,11 +133,25 @@ class FConvLanguageModel(nn.Module):
             fulls.append(full)
         return x, fulls
 
-    def _scores(self, h: torch.Tensor) -> torch.Tensor:
-        """(N, D) -> (N, V) float32: logits, or log-probabilities with an adaptive softmax."""
-        if self.adaptive_softmax is not None:
-            return self.adaptive_softmax.log_probs(h)
-        return self.fc3(self.fc2(h)).float()
+    def _scores(self, h: torch.Tensor, argmax_only: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, D) -> (N, V) float32: logits, or log-probabilities with an adaptive softmax; rows marked in
+        `argmax_only` (N,) bool then hold only their argmax's log-probability, -inf elsewhere."""
+        softmax = self.adaptive_softmax
+        if softmax is None:
+            return self.fc3(self.fc2(h)).float()
+        if argmax_only is None:
+            return softmax.log_probs(h)
+        if bool(argmax_only.all()):  # the common case, a greedy batch: no row needs its distribution
+            ids, best = softmax.greedy(h)
+            out = h.new_full((h.shape[0], softmax.vocab_size), float("-inf"), dtype=torch.float32)
+            return out.scatter_(1, ids[:, None], best[:, None])
+        quick, full = argmax_only.nonzero().squeeze(1), (~argmax_only).nonzero().squeeze(1)
+        out = h.new_empty((h.shape[0], softmax.vocab_size), dtype=torch.float32)
+        out[full] = softmax.log_probs(h[full])
+        out.index_fill_(0, quick, float("-inf"))
+        ids, best = softmax.greedy(h[quick])
+        out[quick, ids] = best
+        return out
 
     def _zero_histories(self, batch: int, like: torch.Tensor) -> list[torch.Tensor | None]:
         return [like.new_zeros(batch, k - 1, c) if k > 1 else None
@@ -174,4 +192,4 @@ class FConvLanguageModel(nn.Module):
         h = batch.unpad(h)
         if batch.logits_indices is not None:
             h = h[batch.logits_indices]
-        return self._scores(h)
+        return self._scores(h, batch.argmax_only)

@@ -4,9 +4,10 @@ A step (1) applies the cache managers' device work (block copies, slot copies an
 batch's changes to sequences' block tables or slots to its own table of them on the device
 (cache_table.py), (2) packs the scheduled tokens into persistent, max-sized input buffers (one
 host-to-device copy per field; each sequence's blocks or slot are gathered on the device from its row
-of that table), (3) runs the model, or for a decode-only step replays the CUDA graph captured for its
-batch size (`capture_graphs`), (4) on the device: samples a token for every sequence whose
-tokens are now all computed, ranks the candidates of every beam request with one top-k, and
+of that table), (3) runs the model (telling a model that declares `cheap_argmax` which rows need only
+their argmax: plain greedy requests), or for a decode-only step replays the CUDA graph captured for its
+batch size (`capture_graphs`; graphs score every row fully), (4) on the device: samples a token for every
+sequence whose tokens are now all computed, ranks the candidates of every beam request with one top-k, and
 scores prompt tokens for requests that asked (constrained rows are first masked by their grammars, the
 masks filled on the host while the model ran: grammar_masks.py), and (5) brings everything the host needs back in
 a single device-to-host copy.
@@ -141,6 +142,9 @@ class ModelRunner:
         self.paged = self.model.state_kind == "paged_kv"
         self.device = device = loaded.device
         self.vocab_size = self.model.config.vocab_size
+        # The model scores a row whose argmax alone is read for less than its full distribution (fconv's adaptive
+        # softmax): eager steps tell it which rows those are (StepBatch.argmax_only); graphs score every row fully.
+        self.cheap_argmax = bool(getattr(self.model, "cheap_argmax", False))
         self.sampling = SamplingTable(max_num_seqs, self.vocab_size, device)
         self.grammar_masks = GrammarMasks(self.vocab_size, device)
         max_tokens = max_num_batched_tokens  # the scheduler never packs more into a step
@@ -175,7 +179,8 @@ class ModelRunner:
             packed.token_source = self._token_source(batch, inputs_from)
         size = choose_bucket(packed.query_lens, self.graph_sizes)
         if size is None:
-            logits = self.model.step(self._step_batch(packed), self.state)  # (logit rows, V)
+            logit_rows.argmax_only = self._argmax_only(logit_rows, len(packed.rows))
+            logits = self.model.step(self._step_batch(packed, logit_rows.argmax_only), self.state)  # (logit rows, V)
         else:
             logits = self._replay(packed, size)
         return self._read_out(batch, logits, logit_rows, masks)
@@ -283,7 +288,17 @@ class ModelRunner:
         packed.longest = longest
         return packed, logit_rows
 
-    def _step_batch(self, packed: "_Packed") -> StepBatch:
+    def _argmax_only(self, logit_rows: "_LogitRows", num_rows: int) -> list[bool] | None:
+        """Per logits row: whether only its argmax is read (SamplingParams.needs_only_argmax); None when no row
+        is, or the model gains nothing from knowing."""
+        if not self.cheap_argmax:
+            return None
+        marks = [False] * num_rows
+        for seq, row in logit_rows.sampled:
+            marks[row] = seq.group.params.needs_only_argmax(seq.num_output_tokens)
+        return marks if any(marks) else None
+
+    def _step_batch(self, packed: "_Packed", argmax_only: list[bool] | None = None) -> StepBatch:
         """An eager step's input: the fronts of the persistent buffers, block tables as wide as the longest
         sequence of the step needs."""
         token_ids = self._upload(self.token_ids, packed.tokens)
@@ -293,6 +308,7 @@ class ModelRunner:
             positions=self._upload(self.positions, packed.positions),
             query_lens=packed.query_lens,
             logits_indices=self._upload(self.logits_indices, packed.rows),
+            argmax_only=None if argmax_only is None else to_device(argmax_only, self.device, torch.bool),
         )
         width = -(-packed.longest // self.state.block_size) if self.paged else 1
         self._locate(step, self._upload(self.table_rows, packed.table_rows), width)
@@ -351,6 +367,12 @@ class ModelRunner:
         if len(rows) != logits.shape[0] or rows != list(range(len(rows))):  # not simply every row in order
             logits = logits.index_select(0, to_device(rows, logits.device))
         out = sample(logits, sbatch)
+        if out.logprobs is not None and logit_rows.argmax_only is not None:
+            # An argmax-only row holds one finite score, its token's log-probability, which the sampler's
+            # normalization would turn into 0: report the score itself, as the full distribution gives it.
+            quick = to_device([logit_rows.argmax_only[r] for r in rows], logits.device, torch.bool)
+            own = logits.gather(1, out.token_ids[:, None]).squeeze(1)
+            out.logprobs = torch.where(quick, own, out.logprobs)
         ids = transfer.add(out.token_ids)
         lps = None if out.logprobs is None else transfer.add(out.logprobs)
         tops = None
@@ -456,6 +478,7 @@ class _LogitRows:
     sampled: list[tuple[Sequence, int]] = field(default_factory=list)  # sequence, its next-token row
     beam_rows: dict[SequenceGroup, dict[Sequence, int]] = field(default_factory=dict)
     scored: list[tuple[Sequence, int, int, int]] = field(default_factory=list)  # seq, first row, first pos, count
+    argmax_only: list[bool] | None = None  # per row: only its argmax was scored (StepBatch.argmax_only)
 
     def next_token_seqs(self) -> list[Sequence]:
         """Every sequence that picks its next token this step (sampled or as a beam)."""

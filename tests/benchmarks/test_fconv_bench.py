@@ -13,6 +13,12 @@ def test_smoke_run_measures_both_concurrencies_and_the_softmax(tmp_path):
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
     assert results["concurrent_median"] > 0 and results["sequential_median"] > 0 and results["ratio"] > 0
     assert set(results["adaptive_softmax"]) == set(results["decode_step_ms"]) == {1, 64}
+    assert results["greedy_shortlist_median"] > 0 and results["greedy_full_median"] > 0
+
+
+def test_greedy_only_compares_the_shortlist_with_full_distributions():
+    results = fconv_bench.main(["--smoke", "--greedy-only"])
+    assert results["greedy_ratio"] > 0 and "concurrent_median" not in results
 
 
 def test_the_shape_is_the_published_one():

@@ -141,3 +141,78 @@ def test_decode_steps_replayed_as_graphs_give_the_eager_answers(pair):
     replays = record_replays(engine)
     assert_same_answers(run_arrivals(engine, arrivals), expected)
     assert {1, 2, 4, 8} <= {size for _, size in replays}
+
+
+MIXED = [
+    ("greedy", SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)),
+    ("sampled", SamplingParams(max_tokens=8, temperature=0.8, top_k=50, seed=3, ignore_eos=True)),
+    ("logprobs", SamplingParams(max_tokens=8, temperature=0, logprobs=2, ignore_eos=True)),
+    ("prompt-scored", SamplingParams(max_tokens=4, temperature=0.5, seed=5, prompt_logprobs=1, ignore_eos=True)),
+    ("penalised", SamplingParams(max_tokens=6, temperature=0, repetition_penalty=1.3, ignore_eos=True)),
+    ("min-tokens", SamplingParams(max_tokens=6, temperature=0, min_tokens=3)),
+    ("greedy-n2", SamplingParams(max_tokens=5, temperature=0, n=2, ignore_eos=True)),
+]
+
+
+def count_scoring(monkeypatch, softmax) -> dict[str, list[int]]:
+    """Rows given to the adaptive softmax's `greedy` and `log_probs`, call by call, from here on."""
+    calls = {"greedy": [], "log_probs": []}
+    for name in calls:
+        original = getattr(softmax, name)
+
+        def counted(h, original=original, name=name):
+            calls[name].append(h.shape[0])
+            return original(h)
+
+        monkeypatch.setattr(softmax, name, counted)
+    return calls
+
+
+def run_requests(loaded, requests) -> dict:
+    e = engine(loaded)
+    for i, (rid, params) in enumerate(requests):
+        e.add_request(rid, PROMPTS[i % len(PROMPTS)], params)
+    return run_to_completion(e)
+
+
+def test_greedy_requests_score_only_their_argmax(pair, monkeypatch):
+    reference, loaded = pair
+    if loaded.model.adaptive_softmax is None:
+        pytest.skip("only an adaptive softmax has a cheaper argmax")
+    calls = count_scoring(monkeypatch, loaded.model.adaptive_softmax)
+    results = run_requests(loaded, [(f"g{i}", SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+                                    for i in range(len(PROMPTS))])
+    for i, prompt in enumerate(PROMPTS):
+        assert results[f"g{i}"][0]["token_ids"] == reference_greedy(reference, prompt, 10)
+    assert sum(calls["greedy"]) >= 10 * len(PROMPTS)
+    assert not any(calls["log_probs"])  # at most steps that score no row (prompt chunks that do not complete)
+
+
+@pytest.mark.parametrize("requests", [MIXED[:1] * 4, MIXED], ids=["greedy", "mixed"])
+def test_the_argmax_shortlist_changes_no_answer(pair, monkeypatch, requests):
+    _, loaded = pair
+    if loaded.model.adaptive_softmax is None:
+        pytest.skip("only an adaptive softmax has a cheaper argmax")
+    requests = [(f"{rid}{i}", params) for i, (rid, params) in enumerate(requests)]
+    calls = count_scoring(monkeypatch, loaded.model.adaptive_softmax)
+    fast = run_requests(loaded, requests)
+    assert calls["greedy"]
+    monkeypatch.setattr(loaded.model, "cheap_argmax", False)
+    calls["greedy"].clear()
+    full = run_requests(loaded, requests)
+    assert not calls["greedy"]
+    assert fast.keys() == full.keys()
+    for rid, outputs in full.items():
+        if "prompt_logprobs" in outputs:
+            got = [(e.token_id, e.logprob) for e in fast[rid]["prompt_logprobs"][1:]]
+            assert got == [(e.token_id, pytest.approx(e.logprob, abs=1e-5)) for e in outputs["prompt_logprobs"][1:]]
+        for index, want in outputs.items():
+            if index == "prompt_logprobs":
+                continue
+            have = fast[rid][index]
+            assert (have["token_ids"], have["finish_reason"]) == (want["token_ids"], want["finish_reason"]), rid
+            assert have["cumulative_logprob"] == pytest.approx(want["cumulative_logprob"], abs=1e-4), rid
+            assert [(e.token_id, [t for t, _ in e.top]) for e in have["logprobs"]] == \
+                   [(e.token_id, [t for t, _ in e.top]) for e in want["logprobs"]]
+            assert [e.logprob for e in have["logprobs"]] == \
+                   pytest.approx([e.logprob for e in want["logprobs"]], abs=1e-5)

@@ -4,6 +4,7 @@ import math
 import pytest
 
 from server.sampling.params import SamplingParamError, SamplingParams
+from server.sampling.structured import StructuredOutput
 
 NAN, INF = math.nan, math.inf
 
@@ -157,3 +158,14 @@ def test_check_vocab_names_the_out_of_range_ids():
 def test_special_tokens_are_skipped_by_default_as_in_vllm():
     assert SamplingParams().skip_special_tokens is True
     assert SamplingParams(skip_special_tokens=False).skip_special_tokens is False
+
+
+def test_only_plain_greedy_needs_no_more_than_the_argmax():
+    assert SamplingParams(temperature=0).needs_only_argmax(0)
+    assert SamplingParams(temperature=0, min_tokens=2, max_tokens=4).needs_only_argmax(2)  # its ban has lifted
+    assert SamplingParams(temperature=0, logit_bias={}).needs_only_argmax(0)
+    for reads_more in (dict(temperature=0.5), dict(logprobs=0), dict(prompt_logprobs=0), dict(repetition_penalty=1.1),
+                       dict(presence_penalty=0.1), dict(frequency_penalty=-0.1), dict(logit_bias={3: 1.0}),
+                       dict(min_tokens=2, max_tokens=4), dict(n=2), dict(use_beam_search=True),
+                       dict(structured=StructuredOutput("json_object"))):
+        assert not SamplingParams(**{"temperature": 0, **reads_more}).needs_only_argmax(1), reads_more
