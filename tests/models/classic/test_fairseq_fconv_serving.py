@@ -20,14 +20,23 @@ EOS = 2
 PROMPTS = [[2, 5, 9, 30, 50, 70, 4, 4, 12, 41, 39, 20], [2, 5, 9, 30, 50, 61], [2], [2, 44, 43, 42, 41, 40, 39, 38]]
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["adaptive", "fc3"])
-def pair(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("fconv")
-    reference = write_checkpoint(directory, adaptive=request.param)
+def converted_pair(directory, adaptive: bool):
+    reference = write_checkpoint(directory, adaptive=adaptive)
     converted = convert(directory)
     loaded = LoadedModel("fconv", None, "fconv", converted.model, converted.tokenizer, [EOS], torch.device("cpu"),
                          torch.float32)
     return reference, loaded
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["adaptive", "fc3"])
+def pair(request, tmp_path_factory):
+    return converted_pair(tmp_path_factory.mktemp("fconv"), request.param)
+
+
+@pytest.fixture(scope="module")
+def adaptive_pair(tmp_path_factory):
+    """Only an adaptive softmax has a cheaper exact argmax (an fc3 head never claims one: see below)."""
+    return converted_pair(tmp_path_factory.mktemp("fconv-adaptive"), True)
 
 
 def engine(loaded, budget=16) -> EngineCore:
@@ -175,10 +184,8 @@ def run_requests(loaded, requests) -> dict:
     return run_to_completion(e)
 
 
-def test_greedy_requests_score_only_their_argmax(pair, monkeypatch):
-    reference, loaded = pair
-    if loaded.model.adaptive_softmax is None:
-        pytest.skip("only an adaptive softmax has a cheaper argmax")
+def test_greedy_requests_score_only_their_argmax(adaptive_pair, monkeypatch):
+    reference, loaded = adaptive_pair
     calls = count_scoring(monkeypatch, loaded.model.adaptive_softmax)
     results = run_requests(loaded, [(f"g{i}", SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
                                     for i in range(len(PROMPTS))])
@@ -189,10 +196,8 @@ def test_greedy_requests_score_only_their_argmax(pair, monkeypatch):
 
 
 @pytest.mark.parametrize("requests", [MIXED[:1] * 4, MIXED], ids=["greedy", "mixed"])
-def test_the_argmax_shortlist_changes_no_answer(pair, monkeypatch, requests):
-    _, loaded = pair
-    if loaded.model.adaptive_softmax is None:
-        pytest.skip("only an adaptive softmax has a cheaper argmax")
+def test_the_argmax_shortlist_changes_no_answer(adaptive_pair, monkeypatch, requests):
+    _, loaded = adaptive_pair
     requests = [(f"{rid}{i}", params) for i, (rid, params) in enumerate(requests)]
     calls = count_scoring(monkeypatch, loaded.model.adaptive_softmax)
     fast = run_requests(loaded, requests)
@@ -216,3 +221,8 @@ def test_the_argmax_shortlist_changes_no_answer(pair, monkeypatch, requests):
                    [(e.token_id, [t for t, _ in e.top]) for e in want["logprobs"]]
             assert [e.logprob for e in have["logprobs"]] == \
                    pytest.approx([e.logprob for e in want["logprobs"]], abs=1e-5)
+
+
+def test_a_full_output_layer_claims_no_cheaper_argmax(pair):
+    _, loaded = pair
+    assert loaded.model.cheap_argmax == (loaded.model.adaptive_softmax is not None)
