@@ -9,6 +9,7 @@ row by row, including their float32 arithmetic.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import chain
 
 import torch
@@ -34,14 +35,19 @@ def token_counts(token_ids: list[list[int]], vocab_size: int, device: torch.devi
     return counts.view(num_rows, width)[:, :vocab_size]
 
 
+@lru_cache(maxsize=None)
+def _bits_of_byte(device: torch.device) -> torch.Tensor:
+    """(256, 8) bool: the bits of each byte value, made once per device rather than every constrained step."""
+    return ((torch.arange(256, device=device).unsqueeze(1) >> torch.arange(8, device=device)) & 1).bool()
+
+
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(C, words) int32, bit t % 32 of word t // 32 set when token t is allowed -> (C, V) bool.
 
     Read as little-endian bytes, token t is bit t % 8 of byte t // 8, so a 256-row table of each byte's 8 bits
     unpacks a row with one gather, writing 1 byte per token (shifting the words wrote an int32 per token first).
     """
-    device = bitmask.device
-    bits_of_byte = ((torch.arange(256, device=device).unsqueeze(1) >> torch.arange(8, device=device)) & 1).bool()
+    bits_of_byte = _bits_of_byte(bitmask.device)
     as_bytes = bitmask.contiguous().view(torch.uint8).reshape(-1)  # (C * words * 4,); little-endian on x86 and CUDA
     return bits_of_byte.index_select(0, as_bytes.int()).view(bitmask.shape[0], -1)[:, :vocab_size]
 

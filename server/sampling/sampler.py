@@ -1,7 +1,7 @@
 """From one row of logits per running sequence to one token per sequence, with log-probabilities.
 
-The order is Hugging Face's and vLLM's, after the grammar's mask (structured outputs): min_tokens bans -> logit bias -> repetition, presence and
-frequency penalties -> temperature -> top-k -> top-p -> min-p -> pick. Greedy rows take the
+The order is Hugging Face's and vLLM's, after the grammar's mask (structured outputs): min_tokens bans ->
+logit bias -> repetition, presence and frequency penalties -> temperature -> top-k -> top-p -> min-p -> pick. Greedy rows take the
 argmax; random rows run an exponential race, which samples from softmax(logits) exactly:
 argmax_i p_i / E_i with E_i ~ Exp(1) i.i.d. picks i with probability p_i.
 """
