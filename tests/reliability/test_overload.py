@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from benchmarks.soak import rss_mib, wait_idle
+from benchmarks.soak import metric_values, rss_mib, wait_idle
 from server.api.app import create_app
 from server.hosting import ModelHost
 from tests.conftest import LiveServer
@@ -30,7 +30,12 @@ def test_overload_is_refused_fast_and_admitted_requests_finish(tiny_checkpoints)
                 return r.status_code, time.monotonic() - start, r.headers.get("Retry-After")
 
             async def probe():  # while the queue is full: how long one excess request takes to be refused
-                await asyncio.sleep(0.1)  # the burst has filled the queue
+                deadline = time.monotonic() + 10  # a slow machine may take a while to receive the whole burst
+                while time.monotonic() < deadline:
+                    waiting = metric_values((await c.get("/metrics")).text, "quill_num_requests_waiting")
+                    if waiting.get("tiny-lstm", 0) >= 8:
+                        break
+                    await asyncio.sleep(0.005)
                 times = []
                 for _ in range(15):
                     start = time.monotonic()
