@@ -126,7 +126,7 @@ def read_config(path: Path) -> tuple[str, object, list[int], dict]:
     try:
         if hf.is_hf_config(raw):
             config, eos = hf.config_from_hf(raw)
-            return "transformer", config, eos, {"hf_architectures": raw.get("architectures", [])}
+            return hf.family_of(raw).architecture, config, eos, {"hf_architectures": raw.get("architectures", [])}
         arch = raw.get("architecture")
         if arch not in ARCHITECTURES:
             raise CheckpointError(path, f"unknown architecture {arch!r} (known: {', '.join(ARCHITECTURES)})")

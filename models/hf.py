@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from .hf_families import FAMILIES
+from .hf_families import FAMILIES, Family
 from .transformer import TransformerConfig
 
 HF_MODEL_TYPES = tuple(FAMILIES)
@@ -48,12 +48,18 @@ def eos_ids(raw: dict) -> list[int]:
     return list(eos) if isinstance(eos, list) else [eos]
 
 
-def config_from_hf(raw: dict) -> tuple[TransformerConfig, list[int]]:
-    """config.json of a supported family -> our config and its end-of-sequence ids."""
+def family_of(raw: dict) -> Family:
+    """The family of a config.json; ValueError naming the supported ones if Quill has none for it."""
     model_type = raw.get("model_type")
     if model_type not in FAMILIES:
         raise ValueError(f"unsupported Hugging Face model_type {model_type!r} (supported: {', '.join(HF_MODEL_TYPES)})")
-    family = FAMILIES[model_type]
+    return FAMILIES[model_type]
+
+
+def config_from_hf(raw: dict) -> tuple[TransformerConfig, list[int]]:
+    """config.json of a supported family -> our config (of the family's architecture) and its end-of-sequence ids."""
+    family = family_of(raw)
+    model_type = raw["model_type"]
     try:
         config = family.read_config({**family.defaults, **raw})
     except KeyError as e:
@@ -64,6 +70,8 @@ def config_from_hf(raw: dict) -> tuple[TransformerConfig, list[int]]:
 def tensor_sources(config: TransformerConfig, params: Iterable[str], names: set[str]) -> list[TensorSource]:
     """Where each of our parameters `params` comes from, given the tensor names the checkpoint holds."""
     family = FAMILIES[config.extra["hf_model_type"]]
+    if family.tensors is None:
+        return [same_name(param) for param in params]
     # A ...ForCausalLM checkpoint nests the base model under a prefix; a bare base model does not.
     prefix = family.prefix if any(n.startswith(family.prefix) for n in names) else ""
     out = []
