@@ -1,6 +1,6 @@
 """Incremental decoding state, allocated up front with fixed shapes.
 
-Two kinds, matching how the architectures remember the past:
+Two kinds, matching how the architectures remember the past (`HybridState` holds one of each):
 - `SlotState`: a fixed-size state per sequence (LSTM (h, c); gated-CNN convolution
   windows) in a pool of slots. Fork = copy a slot.
 - `PagedKVCache`: Transformer keys and values in fixed-size blocks; a sequence owns a
@@ -78,3 +78,14 @@ class PagedKVCache:
         src, dst = _index(src, self.k.device), _index(dst, self.k.device)
         self.k[:, dst] = self.k[:, src]
         self.v[:, dst] = self.v[:, src]
+
+
+class HybridState:
+    """State of several kinds in one model (LFM2: convolution windows in its conv layers, K,V blocks in its
+    attention layers): a sequence owns a slot of `slots` and a block table into `kv`."""
+
+    kind = "hybrid"
+
+    def __init__(self, kv: PagedKVCache, slots: SlotState):
+        self.kv = kv
+        self.slots = slots
