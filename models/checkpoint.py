@@ -27,6 +27,7 @@ from .errors import CheckpointError, read_json_object
 from .generation_config import read_generation_config
 from .location import BUNDLED_DIR, ModelLocation, locate
 from .registry import ARCHITECTURES
+from .state import holds_kv
 from .tokenizer import Tokenizer
 from .tokenizer_config import read_tokenizer_config
 from .weights import WEIGHTS_FILE, has_weights, open_weights, read_weights
@@ -80,7 +81,7 @@ class LoadedModel:
     @property
     def max_seq_len(self) -> int | None:
         """Longest sequence the model can attend over; None for recurrent/convolutional state."""
-        return getattr(self.model.config, "max_seq_len", None) if self.model.state_kind == "paged_kv" else None
+        return getattr(self.model.config, "max_seq_len", None) if holds_kv(self.model) else None
 
     @property
     def num_parameters(self) -> int:
@@ -235,7 +236,7 @@ def load_checkpoint(
             model.load_state_dict(read_weights(tensors, sources, shapes, dtype, device, label=name),
                                   strict=True, assign=True)
     model.eval().requires_grad_(False)
-    if model.state_kind == "paged_kv":  # only Transformers have an attention backend and layer ops to choose
+    if holds_kv(model):  # only models with attention layers have an attention backend and layer ops to choose
         model.attention_backend = select_attention_backend(attention_backend, device).name
         model.layer_ops = select_layer_ops(layer_ops, device)
     return LoadedModel(

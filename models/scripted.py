@@ -20,14 +20,14 @@ import torch
 from torch import nn
 
 from .batch import StepBatch
-from .state import PagedKVCache, SlotState
+from .state import HybridState, PagedKVCache, SlotState
 
 
 @dataclass
 class ScriptedConfig:
     vocab_size: int
     max_seq_len: int = 4096
-    state_kind: str = "paged_kv"  # or "slots"
+    state_kind: str = "paged_kv"  # or "slots", or "hybrid" (both)
 
 
 class ScriptedModel(nn.Module):
@@ -43,11 +43,16 @@ class ScriptedModel(nn.Module):
             self.table.copy_(torch.randn(config.vocab_size, config.vocab_size, generator=generator))
         self.logits_fn = logits_fn  # (last tokens (K,), positions (K,)) -> (K, V) logits, replaces the table
 
-    def new_state(self, num: int, block_size: int = 16, dtype: torch.dtype | None = None):
+    def new_state(self, num: int, num_slots: int | None = None, block_size: int = 16,
+                  dtype: torch.dtype | None = None):
+        """`num` blocks (paged_kv, hybrid) or slots; a hybrid's `num_slots` slots beside its blocks."""
         device = self.table.device
-        if self.state_kind == "paged_kv":
-            return PagedKVCache(1, num, block_size, 1, 1, dtype or torch.float32, device)
-        return SlotState({"last": torch.zeros(num, 1, device=device)})
+        if self.state_kind == "slots":
+            return SlotState({"last": torch.zeros(num, 1, device=device)})
+        kv = PagedKVCache(1, num, block_size, 1, 1, dtype or torch.float32, device)
+        if self.state_kind == "hybrid":
+            return HybridState(kv, SlotState({"last": torch.zeros(num_slots, 1, device=device)}))
+        return kv
 
     @torch.inference_mode()
     def step(self, batch: StepBatch, state) -> torch.Tensor:

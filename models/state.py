@@ -80,6 +80,11 @@ class PagedKVCache:
         self.v[:, dst] = self.v[:, src]
 
 
+def holds_kv(model) -> bool:
+    """Whether the model keeps K,V blocks (it attends over a context, whose length its positions bound)."""
+    return model.state_kind in (PagedKVCache.kind, HybridState.kind)
+
+
 class HybridState:
     """State of several kinds in one model (LFM2: convolution windows in its conv layers, K,V blocks in its
     attention layers): a sequence owns a slot of `slots` and a block table into `kv`."""

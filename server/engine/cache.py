@@ -1,7 +1,8 @@
 """What the scheduler needs from a cache manager, and the device work a manager asks for.
 
 Two managers implement `CacheManager`: `KVBlockManager` (paged K,V blocks) and
-`StateSlotManager` (fixed-size LSTM / gated-CNN state slots). Both are plain Python: when
+`StateSlotManager` (fixed-size state slots: LSTM, gated CNN, state-space models); `HybridCacheManager`
+joins one of each for a model that holds both (state_kinds.py). Both are plain Python: when
 their bookkeeping needs tensors to change (copy-on-write of a block, a forked or snapshotted
 slot, a slot reset to the empty state) they append a `CacheOp` to their pending list, and the
 runner applies the list, in order, before the next forward pass. Changes to a sequence's block table
@@ -21,6 +22,7 @@ class CacheOp:
     kind: Literal["copy", "reset"]  # copy: dst gets src's contents; reset: dst gets the empty state
     src: tuple[int, ...]
     dst: tuple[int, ...]
+    part: str = ""  # in a model with state of several kinds, which one: "kv" (blocks) or "slots"
 
 
 class CacheManager(Protocol):

@@ -1,7 +1,7 @@
 """Where every live sequence's cache lives, kept on the device between steps: one row per sequence.
 
 A row holds the sequence's block ids (paged K,V), or its state slot in a table of one column (LSTM,
-gated CNN). The runner changes a row only where the cache manager changed that sequence's table
+gated CNN, state-space models), or both: the slot, then the blocks (hybrids, state_kinds.py). The runner changes a row only where the cache manager changed that sequence's table
 (table_edits.py): a step applies its few edits with one host-to-device copy, then gathers its
 sequences' rows on the device, in the step's order. Re-packing every table from Python lists instead
 took half the host time of a decode step of 256 sequences with 2,048-token contexts (33,000 block ids;
@@ -61,6 +61,6 @@ class CacheTable:
         """(len(rows), width): the first `width` columns of `rows` (on the device), in their order."""
         return self.ids[:, :width].index_select(0, rows)
 
-    def fill_padding(self, scratch: int) -> None:
-        """Point the padding row at `scratch`, a block or slot no sequence is ever given."""
-        self.ids[self.padding_row].fill_(scratch)
+    def fill_padding(self, scratch: list[int]) -> None:
+        """Point the padding row at `scratch` (an id per column), blocks or slots no sequence is ever given."""
+        self.ids[self.padding_row] = torch.tensor(scratch, dtype=torch.long)

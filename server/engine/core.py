@@ -23,15 +23,13 @@ from .beam_search import BeamSearch
 from .cuda_graphs import CudaGraphs, GraphCapture
 from .current_device import make_current
 from .graph_buckets import graph_batch_sizes
-from .kv_blocks import KVBlockManager
-from .memory import choose_cache_bytes
 from .output_processor import OutputProcessor
 from .overlap import can_overlap, is_live, live_work, next_decode
 from .outputs import RequestOutput
 from .runner import ModelRunner, PendingStep, StepResult
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import Sequence, SequenceGroup
-from .state_slots import StateSlotManager
+from .state_kinds import plan_state
 
 log = logging.getLogger("quill.engine")
 
@@ -101,28 +99,14 @@ class EngineCore:
         if graph_capture is not None:
             graph_sizes = graph_batch_sizes(sched_cfg.max_num_seqs, sched_cfg.max_num_batched_tokens)
         # Graphs' padding rows write to one block or slot past those the cache manager hands out.
-        spare = int(graph_capture is not None)
-        if model.state_kind == "paged_kv":
-            probe = model.new_state(1, block_size=cache_cfg.block_size)
-            num_blocks = cache_cfg.num_blocks or max(1, choose_cache_bytes(
-                model, cache_cfg.cache_bytes, cache_cfg.gpu_memory_utilization, cache_cfg.block_size,
-                sched_cfg.max_num_batched_tokens, max_model_len or loaded.max_seq_len, max(graph_sizes, default=0),
-            ) // probe.bytes_per_block)
-            self.state = model.new_state(num_blocks + spare, block_size=cache_cfg.block_size)
-            self.cache = KVBlockManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
-            scratch = num_blocks
-        else:
-            num_slots = sched_cfg.max_num_seqs * (1 + cache_cfg.snapshots_per_seq)
-            self.state = model.new_state(num_slots + spare)
-            self.cache = StateSlotManager(num_slots, sched_cfg.max_num_seqs, cache_cfg.block_size,
-                                          cache_cfg.enable_prefix_caching)
-            scratch = num_slots
+        self.layout = plan_state(model, cache_cfg, sched_cfg, max_model_len or loaded.max_seq_len,
+                                 spare=int(graph_capture is not None), graph_batch_size=max(graph_sizes, default=0))
+        self.state, self.cache = self.layout.state, self.layout.cache
         self.scheduler = Scheduler(sched_cfg, self.cache)
-        self.runner = ModelRunner(loaded, self.state, sched_cfg.max_num_seqs,
-                                  sched_cfg.max_num_batched_tokens, max_model_len or loaded.max_seq_len)
+        self.runner = ModelRunner(loaded, self.layout, sched_cfg.max_num_seqs, sched_cfg.max_num_batched_tokens)
         self.graph_bytes = 0  # device memory the captured graphs hold
         if graph_capture is not None:
-            self._capture_graphs(graph_capture, graph_sizes, scratch)
+            self._capture_graphs(graph_capture, graph_sizes)
         self.outputs = OutputProcessor(self.tokenizer, loaded.eos_token_ids)
         self.grammars = grammars or GrammarCompiler(self.tokenizer, loaded.eos_token_ids, self.runner.vocab_size)
         self.groups: dict[str, SequenceGroup] = {}
@@ -131,12 +115,12 @@ class EngineCore:
         self._in_flight: PendingStep | None = None  # a launched step not yet committed (async_scheduling)
         self.num_overlapped_steps = 0  # steps launched while the one before was in flight
 
-    def _capture_graphs(self, capture: GraphCapture, sizes: list[int], scratch: int) -> None:
+    def _capture_graphs(self, capture: GraphCapture, sizes: list[int]) -> None:
         """Capture the decode graphs at startup; a model whose step cannot be captured runs eagerly."""
         name = self.loaded.name
         start, before = time.perf_counter(), capture.memory_in_use()
         try:
-            self.runner.capture_graphs(capture, sizes, scratch)
+            self.runner.capture_graphs(capture, sizes)
         except RuntimeError as e:
             self.runner.graphs.clear()
             log.warning("%s: decode steps run eagerly, capturing them as CUDA graphs failed: %s", name, e)
@@ -150,8 +134,7 @@ class EngineCore:
 
     @property
     def cache_bytes(self) -> int:
-        s = self.state
-        return s.bytes_per_block * s.num_blocks if hasattr(s, "bytes_per_block") else s.bytes_per_slot * s.num_slots
+        return self.layout.num_bytes
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Queue a request; raises QueueFullError when the waiting queue is at its bound."""
@@ -199,11 +182,7 @@ class EngineCore:
 
     def describe_cache(self) -> str:
         """What the cache holds, for the startup log."""
-        state = self.state
-        if state.kind != "paged_kv":
-            return f"{state.num_slots} state slots"
-        return (f"{state.num_blocks * state.block_size} tokens of K,V in blocks of {state.block_size}, "
-                f"attention {state.attention.name}")
+        return self.layout.describe()
 
     def _new_sequence(self, group: SequenceGroup, token_ids: list[int], index: int) -> Sequence:
         seq = Sequence(next(self._seq_ids), group, token_ids, len(group.prompt_token_ids), index=index)

@@ -58,10 +58,7 @@ class KVBlockManager:
         table: list[int] = []
         if self.enable_prefix_caching:
             self.prefix_queries += len(token_ids)
-            for key in block_keys(token_ids, self.block_size, max_cached_tokens // self.block_size):
-                block = self.cached.get(key)
-                if block is None:
-                    break
+            for key, block in self._cached_blocks(token_ids, max_cached_tokens):
                 self._take(block)
                 table.append(block)
                 self.keyed[seq_id] = (len(table), key)
@@ -69,6 +66,21 @@ class KVBlockManager:
         self.tables[seq_id] = table
         self.table_edits.write(seq_id, 0, table)
         return len(table) * self.block_size
+
+    def _cached_blocks(self, token_ids: list[int], max_cached_tokens: int) -> list[tuple[BlockKey, int]]:
+        """The keys and blocks of the longest cached run of the prompt's leading full blocks."""
+        out = []
+        for key in block_keys(token_ids, self.block_size, max_cached_tokens // self.block_size):
+            block = self.cached.get(key)
+            if block is None:
+                break
+            out.append((key, block))
+        return out
+
+    def cached_prefix(self, token_ids: list[int], max_cached_tokens: int) -> int:
+        """How many leading tokens `admit` would find cached now, changing nothing."""
+        return len(self._cached_blocks(token_ids, max_cached_tokens)) * self.block_size if self.enable_prefix_caching \
+            else 0
 
     def allocate(self, seq_id: int, num_computed: int, num_new_tokens: int) -> bool:
         """Make room to write tokens [num_computed, num_computed + num_new_tokens). False (and no change) if full."""

@@ -32,13 +32,13 @@ from server.sampling import prompt_logprobs, sample
 from server.sampling.beam import BeamRequest, beam_candidates
 from server.sampling.table import SamplingTable
 
-from .cache import CacheOp
 from .cache_table import CacheTable
 from .cuda_graphs import GraphCapture, Replay
 from .grammar_masks import GrammarMasks, PendingMasks
 from .graph_buckets import choose_bucket, pad_rows
 from .outputs import TokenLogprob
 from .scheduler import ScheduledBatch
+from .state_kinds import StateLayout
 from .sequence import Sequence, SequenceGroup
 
 
@@ -60,17 +60,6 @@ class StepResult:
     beams: list[tuple[SequenceGroup, list[float], list[int]]] = field(default_factory=list)
     # Prompt tokens scored this step (echo / prompt_logprobs), in order.
     prompt_logprobs: list[tuple[Sequence, list[TokenLogprob]]] = field(default_factory=list)
-
-
-def apply_cache_ops(state, ops: list[CacheOp]) -> None:
-    """Carry out a cache manager's device work, in order, on a `PagedKVCache` or `SlotState`."""
-    for op in ops:
-        if op.kind == "reset":
-            state.reset(list(op.dst))
-        elif state.kind == "paged_kv":
-            state.copy_blocks(list(op.src), list(op.dst))
-        else:
-            state.copy(list(op.src), list(op.dst))
 
 
 class _Transfer:
@@ -134,12 +123,11 @@ class PendingStep:
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, state, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int | None):
+    def __init__(self, loaded: LoadedModel, layout: StateLayout, max_num_seqs: int, max_num_batched_tokens: int):
         self.loaded = loaded
         self.model = loaded.model
-        self.state = state
-        self.paged = self.model.state_kind == "paged_kv"
+        self.layout = layout  # the model's state, and where each sequence's share of it is (state_kinds.py)
+        self.state = layout.state
         self.device = device = loaded.device
         self.vocab_size = self.model.config.vocab_size
         # The model scores a row whose argmax alone is read for less than its full distribution (fconv's adaptive
@@ -152,9 +140,8 @@ class ModelRunner:
         self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.logits_indices = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.sample_slots = torch.zeros(max_num_seqs, dtype=torch.long, device=device)
-        # Each live sequence's blocks (as many as the longest sequence holds) or its one state slot.
-        width = -(-(max_model_len or 4096) // state.block_size) if self.paged else 1
-        self.table = CacheTable(max_num_seqs, width, device)
+        # Each live sequence's state slot and/or its blocks (as many as the longest sequence holds).
+        self.table = CacheTable(max_num_seqs, layout.width, device)
         self.table_rows = torch.zeros(max_num_seqs, dtype=torch.long, device=device)  # the step's rows of `table`
         # Decode steps replayed as graphs (see capture_graphs); none until captured, so every step runs eagerly.
         self.graph_sizes: list[int] = []
@@ -170,7 +157,7 @@ class ModelRunner:
         """Queue the step's device work and its copy back. `inputs_from`: a step still in flight whose sampled
         ids are the input tokens of this one's sequences (each a one-token decode; its token is not on the host)."""
         self.table.apply(batch.table_edits)  # first: its host bookkeeping stays right if a device op fails
-        apply_cache_ops(self.state, batch.cache_ops)
+        self.layout.apply(batch.cache_ops)
         if batch.admitted:
             self.sampling.write([g.slot for g in batch.admitted], [g.params for g in batch.admitted])
         packed, logit_rows = self._pack(batch.work)
@@ -201,13 +188,13 @@ class ModelRunner:
     # ---- CUDA graphs -----------------------------------------------------------------------
 
     @torch.inference_mode()
-    def capture_graphs(self, capture: GraphCapture, sizes: list[int], scratch: int) -> None:
+    def capture_graphs(self, capture: GraphCapture, sizes: list[int]) -> None:
         """Record a decode step for each batch size in `sizes`, largest first (see cuda_graphs.py).
 
-        `scratch` is a cache block (paged K,V) or state slot that no cache manager ever hands out:
-        the padding rows of a bucket, and the warm-up runs before each capture, write there only.
+        The padding rows of a bucket, and the warm-up runs before each capture, write only to the scratch block
+        and slot that no cache manager ever hands out (the table's padding row points there).
         """
-        self.table.fill_padding(scratch)
+        self.table.fill_padding(self.layout.padding())
         for size in sorted(sizes, reverse=True):
             self._fill_bucket(_Packed(), size)  # every row is padding while capturing
             self.graphs[size] = capture.capture(partial(self._bucket_step, size))
@@ -218,7 +205,7 @@ class ModelRunner:
         the persistent buffers; the rows' blocks (every column: the longest sequence's width) or slots are
         gathered on the device. Nothing changes between replays but the buffers' contents."""
         step = StepBatch(token_ids=self.token_ids[:size], positions=self.positions[:size], query_lens=[1] * size)
-        self._locate(step, self.table_rows[:size], self.table.width)
+        self.layout.locate(step, self.table.gather(self.table_rows[:size], self.table.width))
         return self.model.step(step, self.state)
 
     def _fill_bucket(self, packed: "_Packed", size: int) -> None:
@@ -310,16 +297,9 @@ class ModelRunner:
             logits_indices=self._upload(self.logits_indices, packed.rows),
             argmax_only=None if argmax_only is None else to_device(argmax_only, self.device, torch.bool),
         )
-        width = -(-packed.longest // self.state.block_size) if self.paged else 1
-        self._locate(step, self._upload(self.table_rows, packed.table_rows), width)
+        rows = self._upload(self.table_rows, packed.table_rows)
+        self.layout.locate(step, self.table.gather(rows, self.layout.columns(packed.longest)))
         return step
-
-    def _locate(self, step: StepBatch, rows: torch.Tensor, width: int) -> None:
-        """Give the step its sequences' block tables (B, width) or state slots (B,), from their `rows` of the table."""
-        if self.paged:
-            step.block_tables = self.table.gather(rows, width)
-        else:
-            step.slots = self.table.gather(rows, 1).view(-1)
 
     def _read_out(self, batch: ScheduledBatch, logits: torch.Tensor, logit_rows: "_LogitRows",
                   masks: PendingMasks | None) -> PendingStep:

@@ -86,17 +86,34 @@ class StateSlotManager:
         found, snapshot = 0, None
         if self.enable_prefix_caching:
             self.prefix_queries += len(token_ids)
-            for i, key in enumerate(block_keys(token_ids, self.interval, max_cached_tokens // self.interval)):
-                if key in self.snapshots:
-                    found, snapshot = (i + 1) * self.interval, self.snapshots[key]
-                    self.snapshots.move_to_end(key)
-                    self.keyed[seq_id] = (i + 1, key)
+            hit = self._longest_snapshot(token_ids, max_cached_tokens)
+            if hit is not None:
+                count, key = hit
+                found, snapshot = count * self.interval, self.snapshots[key]
+                self.snapshots.move_to_end(key)
+                self.keyed[seq_id] = (count, key)
             self.prefix_hits += found
         if snapshot is None:
             self.ops.append(CacheOp("reset", (), (slot,)))
         else:
             self.ops.append(CacheOp("copy", (snapshot,), (slot,)))
         return found
+
+    def _longest_snapshot(self, token_ids: list[int], max_cached_tokens: int) -> tuple[int, BlockKey] | None:
+        """(intervals, key) of the longest snapshotted prefix of at most `max_cached_tokens` tokens, or None. Every
+        boundary is looked up: a shorter snapshot may have been evicted while a longer one stays."""
+        hit = None
+        for i, key in enumerate(block_keys(token_ids, self.interval, max_cached_tokens // self.interval)):
+            if key in self.snapshots:
+                hit = (i + 1, key)
+        return hit
+
+    def cached_prefix(self, token_ids: list[int], max_cached_tokens: int) -> int:
+        """How many leading tokens `admit` would resume from now, changing nothing."""
+        if not self.enable_prefix_caching:
+            return 0
+        hit = self._longest_snapshot(token_ids, max_cached_tokens)
+        return 0 if hit is None else hit[0] * self.interval
 
     def chunk_limit(self, num_computed: int, num_prompt_tokens: int) -> int | None:
         """Prefill chunks stop at snapshot points, so each boundary's state exists to be saved."""

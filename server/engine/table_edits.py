@@ -28,13 +28,19 @@ class TableEdit:
 
 
 class TableEdits:
-    """A cache manager's edits since the scheduler last took them, oldest first."""
+    """A cache manager's edits since the scheduler last took them, oldest first. `first_column`: where the
+    manager's columns begin in a row shared with another manager's (a hybrid model's slot, then its blocks)."""
 
-    def __init__(self):
-        self.edits: list[TableEdit] = []
+    def __init__(self, edits: list[TableEdit] | None = None, first_column: int = 0):
+        self.edits: list[TableEdit] = [] if edits is None else edits
+        self.first_column = first_column
+
+    def shifted(self, first_column: int) -> "TableEdits":
+        """Edits of another manager into the same list, in the columns from `first_column` on."""
+        return TableEdits(self.edits, first_column)
 
     def write(self, seq_id: int, start: int, ids: Iterable[int]) -> None:
-        self.edits.append(TableEdit(seq_id, start, tuple(ids)))
+        self.edits.append(TableEdit(seq_id, self.first_column + start, tuple(ids)))
 
     def free(self, seq_id: int) -> None:
         self.edits.append(TableEdit(seq_id))
@@ -44,5 +50,6 @@ class TableEdits:
         self.edits += [TableEdit(seq_id) for seq_id in seq_ids]
 
     def take(self) -> list[TableEdit]:
-        edits, self.edits = self.edits, []
+        edits = list(self.edits)
+        self.edits.clear()  # in place: a shifted view shares the list
         return edits

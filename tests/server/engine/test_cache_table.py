@@ -55,6 +55,6 @@ def test_too_many_sequences_or_blocks_are_refused():
 def test_rows_gathered_in_the_steps_order_and_padding_rows_point_at_scratch():
     table = CacheTable(num_rows=3, width=4, device=torch.device("cpu"))
     table.apply([TableEdit(1, 0, (1, 2)), TableEdit(2, 0, (3,)), TableEdit(3, 0, (4, 5, 6))])
-    table.fill_padding(99)
+    table.fill_padding([99, 99, 98, 98])
     order = [table.row_of[3], table.row_of[1], table.padding_row]
     assert table.gather(torch.tensor(order), 2).tolist() == [[4, 5], [1, 2], [99, 99]]

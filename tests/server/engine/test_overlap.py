@@ -105,7 +105,7 @@ def mixed_arrivals(vocab: int) -> dict[int, list]:
     }
 
 
-@pytest.mark.parametrize("state_kind", ["paged_kv", "slots"])
+@pytest.mark.parametrize("state_kind", ["paged_kv", "slots", "hybrid"])
 def test_scripted_mix_matches_sync_and_overlaps(tiny_tokenizer, state_kind):
     def make(on):
         return scripted_engine(tiny_tokenizer, state_kind=state_kind, async_scheduling=on)
@@ -137,7 +137,7 @@ def test_eos_stop_matches_sync(tiny_tokenizer):
     assert engine.num_overlapped_steps > 0
 
 
-@pytest.mark.parametrize("state_kind", ["paged_kv", "slots"])
+@pytest.mark.parametrize("state_kind", ["paged_kv", "slots", "hybrid"])
 def test_aborts_mid_run_emit_nothing_after_the_abort(tiny_tokenizer, state_kind):
     def make(on):
         return scripted_engine(tiny_tokenizer, state_kind=state_kind, async_scheduling=on)
@@ -159,7 +159,7 @@ def test_aborts_mid_run_emit_nothing_after_the_abort(tiny_tokenizer, state_kind)
     assert engine.num_overlapped_steps > 0
 
 
-@pytest.mark.parametrize("state_kind", ["paged_kv", "slots"])
+@pytest.mark.parametrize("state_kind", ["paged_kv", "slots", "hybrid"])
 def test_preemption_under_a_small_cache_matches_sync(tiny_tokenizer, state_kind):
     def make(on):
         return scripted_engine(tiny_tokenizer, state_kind=state_kind, max_num_seqs=4, num_blocks=14,

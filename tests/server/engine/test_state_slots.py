@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from models.state import SlotState
-from server.engine.runner import apply_cache_ops
+from server.engine.state_kinds import Slots
 from server.engine.state_slots import StateSlotManager
 
 
@@ -30,7 +30,8 @@ class Applied(StateSlotManager):
         self._apply()
 
     def _apply(self) -> None:
-        apply_cache_ops(self.state, self.take_ops())
+        for op in self.take_ops():
+            Slots.apply(self.state, op)
 
 
 def manager(num_seq_slots=2, snapshots=2, interval=4, caching=True):

@@ -1,0 +1,191 @@
+"""The kinds of state a model keeps per sequence, and what the engine does with each.
+
+A model names what it keeps (`state_kind`, models/state.py); the engine reads that name here, once, and works
+with these objects from then on. Each kind says how its state is sized and allocated, which cache manager hands
+it out, where a sequence's share sits in the runner's table (its columns), how a manager's copies and resets are
+carried out on the tensors, and how many bytes it holds:
+- `KVBlocks`: K,V in fixed-size blocks, as many per sequence as its tokens need; sized from memory; forked by
+  sharing blocks (copy-on-write) and prefix-cached per full block (kv_blocks.py).
+- `Slots`: a fixed-size state per sequence (LSTM (h, c), convolution windows, SSM states, xLSTM's C, n, m), one
+  slot each, plus spare slots that hold prefix snapshots; forked and snapshotted by copying a slot (state_slots.py).
+A model may hold both (LFM2: convolution windows in its conv layers, K,V in its attention layers): `StateLayout`
+gives each kind its own columns of the table (the slot first, then the blocks) and joins their managers
+(hybrid_cache.py).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from models.batch import StepBatch
+
+from .cache import CacheOp
+from .hybrid_cache import HybridCacheManager
+from .kv_blocks import KVBlockManager
+from .memory import choose_cache_bytes
+from .state_slots import StateSlotManager
+
+
+class StateKind(ABC):
+    part: str  # which tensors of the model's state it is ("kv", "slots"), and the tag of its managers' ops
+
+    @abstractmethod
+    def width(self, max_model_len: int | None) -> int:
+        """Columns of the runner's table one sequence needs."""
+
+    @abstractmethod
+    def locate(self, step: StepBatch, ids: torch.Tensor) -> None:
+        """Give a step its sequences' share of this state from their columns `ids` (B, width) of the table."""
+
+    @staticmethod
+    @abstractmethod
+    def apply(tensors, op: CacheOp) -> None:
+        """Carry out one of its manager's copies or resets on its tensors."""
+
+    @abstractmethod
+    def num_bytes(self, tensors) -> int: ...
+
+    @abstractmethod
+    def describe(self, tensors) -> str: ...
+
+
+class KVBlocks(StateKind):
+    part = "kv"
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.manager = KVBlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.scratch = num_blocks  # one block past those handed out: CUDA graphs' padding rows write there
+
+    def width(self, max_model_len: int | None) -> int:
+        return -(-(max_model_len or 4096) // self.block_size)
+
+    def locate(self, step: StepBatch, ids: torch.Tensor) -> None:
+        step.block_tables = ids
+
+    @staticmethod
+    def apply(tensors, op: CacheOp) -> None:
+        if op.kind == "copy":
+            tensors.copy_blocks(list(op.src), list(op.dst))
+        else:
+            raise ValueError(f"K,V blocks are never {op.kind}")
+
+    def num_bytes(self, tensors) -> int:
+        return tensors.bytes_per_block * tensors.num_blocks
+
+    def describe(self, tensors) -> str:
+        return (f"{tensors.num_blocks * tensors.block_size} tokens of K,V in blocks of {tensors.block_size}, "
+                f"attention {tensors.attention.name}")
+
+
+class Slots(StateKind):
+    part = "slots"
+
+    def __init__(self, num_seqs: int, snapshots_per_seq: int, interval: int, enable_prefix_caching: bool):
+        self.num_slots = num_seqs * (1 + snapshots_per_seq)
+        self.manager = StateSlotManager(self.num_slots, num_seqs, interval, enable_prefix_caching)
+        self.scratch = self.num_slots
+
+    def width(self, max_model_len: int | None) -> int:
+        return 1
+
+    def locate(self, step: StepBatch, ids: torch.Tensor) -> None:
+        step.slots = ids[:, 0]
+
+    @staticmethod
+    def apply(tensors, op: CacheOp) -> None:
+        if op.kind == "reset":
+            tensors.reset(list(op.dst))
+        else:
+            tensors.copy(list(op.src), list(op.dst))
+
+    def num_bytes(self, tensors) -> int:
+        return tensors.bytes_per_slot * tensors.num_slots
+
+    def describe(self, tensors) -> str:
+        mib = tensors.bytes_per_slot / 2**20
+        return f"{tensors.num_slots} state slots of {mib:.2f} MiB"
+
+
+def plan_state(model, cache, scheduler, max_model_len: int | None, spare: int, graph_batch_size: int = 0,
+               ) -> "StateLayout":
+    """Size and allocate a model's state for an engine (`cache`: its CacheConfig, `scheduler`: its SchedulerConfig).
+    K,V blocks take `cache.cache_bytes` (or what memory.py measures is left on a GPU) less any slots' bytes."""
+    kinds: list[StateKind] = []
+    slot_bytes = 0
+    if model.state_kind in ("slots", "hybrid"):
+        slots = Slots(scheduler.max_num_seqs, cache.snapshots_per_seq, cache.block_size, cache.enable_prefix_caching)
+        kinds.append(slots)
+    if model.state_kind in ("paged_kv", "hybrid"):
+        probe = model.new_state(1, 1, block_size=cache.block_size) if model.state_kind == "hybrid" else \
+            model.new_state(1, block_size=cache.block_size)
+        kv_probe = getattr(probe, "kv", probe)
+        if kinds:
+            slot_bytes = probe.slots.bytes_per_slot * (kinds[0].num_slots + spare)
+        num_blocks = cache.num_blocks or max(1, (choose_cache_bytes(
+            model, cache.cache_bytes, cache.gpu_memory_utilization, cache.block_size,
+            scheduler.max_num_batched_tokens, max_model_len, graph_batch_size,
+        ) - slot_bytes) // kv_probe.bytes_per_block)
+        kinds.append(KVBlocks(num_blocks, cache.block_size, cache.enable_prefix_caching))
+    if not kinds:
+        raise ValueError(f"unknown state kind {model.state_kind!r} (known: paged_kv, slots, hybrid)")
+    return StateLayout(model, kinds, spare, max_model_len)
+
+
+class StateLayout:
+    """The kinds of state one model holds, each in its columns of the runner's table (a slot first, then blocks),
+    and one cache manager over them all. `spare` (0 or 1): a scratch block and slot past those the managers hand
+    out, where CUDA graphs' padding rows write."""
+
+    def __init__(self, model, kinds: list[StateKind], spare: int, max_model_len: int | None):
+        self.kinds = sorted(kinds, key=lambda kind: isinstance(kind, KVBlocks))  # blocks last: their width varies
+        self.widths = [kind.width(max_model_len) for kind in self.kinds]
+        self.width = sum(self.widths)
+        self.hybrid = len(kinds) > 1
+        self._by_part = {kind.part: kind for kind in self.kinds}
+        kv, slots = self._by_part.get("kv"), self._by_part.get("slots")
+        if self.hybrid:
+            self.state = model.new_state(kv.num_blocks + spare, slots.num_slots + spare, block_size=kv.block_size)
+            self.cache = HybridCacheManager(slots.manager, kv.manager)
+        elif kv is not None:
+            self.state = model.new_state(kv.num_blocks + spare, block_size=kv.block_size)
+            self.cache = kv.manager
+        else:
+            self.state = model.new_state(slots.num_slots + spare)
+            self.cache = slots.manager
+        self.block_size = kv.block_size if kv is not None else None  # None: a step's width is fixed
+
+    def tensors(self, kind: StateKind):
+        return getattr(self.state, kind.part) if self.hybrid else self.state
+
+    def apply(self, ops: list[CacheOp]) -> None:
+        """Carry out the managers' device work, in order."""
+        for op in ops:
+            kind = self._by_part[op.part] if self.hybrid else self.kinds[0]
+            kind.apply(self.tensors(kind), op)
+
+    def columns(self, longest: int | None) -> int:
+        """Table columns a step gathers when its longest sequence holds `longest` tokens (None: every column)."""
+        if longest is None or self.block_size is None:
+            return self.width
+        return self.width - self.widths[-1] + -(-longest // self.block_size)
+
+    def locate(self, step: StepBatch, ids: torch.Tensor) -> None:
+        """Give `step` its sequences' slots and block tables from their gathered table rows `ids` (B, columns)."""
+        start = 0
+        for kind, width in zip(self.kinds, self.widths):
+            kind.locate(step, ids[:, start : start + width])  # the last kind's slice ends where `ids` does
+            start += width
+
+    def padding(self) -> list[int]:
+        """The scratch slot or block of each column, for the table's padding row."""
+        return [kind.scratch for kind, width in zip(self.kinds, self.widths) for _ in range(width)]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(kind.num_bytes(self.tensors(kind)) for kind in self.kinds)
+
+    def describe(self) -> str:
+        return "; ".join(kind.describe(self.tensors(kind)) for kind in self.kinds)
