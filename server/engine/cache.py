@@ -37,7 +37,7 @@ class CacheManager(Protocol):
     def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int) -> int:
         """Start a sequence; returns how many of its leading tokens are already computed."""
 
-    def chunk_limit(self, num_computed: int, num_prompt_tokens: int) -> int | None:
+    def chunk_limit(self, seq_id: int, num_computed: int, num_prompt_tokens: int) -> int | None:
         """The most prompt tokens the next chunk may compute (None: any number)."""
 
     def allocate(self, seq_id: int, num_computed: int, num_new_tokens: int) -> bool:
@@ -50,6 +50,10 @@ class CacheManager(Protocol):
         """The child continues from the parent's cached state."""
 
     def free(self, seq_id: int) -> None: ...
+
+    def retire(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
+        """Free a finished sequence, whose cache holds `token_ids[:num_computed]`, keeping what may serve a prompt
+        that goes on from there."""
 
     def reset(self) -> None:
         """Forget every sequence, and every prefix key no finished step wrote (after a failed step)."""

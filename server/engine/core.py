@@ -251,10 +251,18 @@ class EngineCore:
                 continue
             out, finished = self.outputs.collect(group)
             for seq in finished:
-                self.cache.free(seq.seq_id)
+                self._finish(seq)
             if out is not None:
                 outputs.append(self._retire(group, out) if out.finished else out)
         return outputs
+
+    def _finish(self, seq: Sequence) -> None:
+        """Free a finished sequence's cache, keeping its final state where the cache can (a chat's next turn goes on
+        from there), unless a step still in flight reads it further."""
+        if self._in_flight is not None and any(s is seq for s, _ in self._in_flight.batch.work):
+            self.cache.free(seq.seq_id)
+        else:
+            self.cache.retire(seq.seq_id, seq.token_ids, seq.num_computed)
 
     def _fork(self, group: SequenceGroup) -> None:
         """The prompt is computed: split it into the request's n samples (each took its first token this step)."""

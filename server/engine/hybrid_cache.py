@@ -42,8 +42,8 @@ class HybridCacheManager:
             self.prefix_hits += found
         return found
 
-    def chunk_limit(self, num_computed: int, num_prompt_tokens: int) -> int | None:
-        return self.slots.chunk_limit(num_computed, num_prompt_tokens)
+    def chunk_limit(self, seq_id: int, num_computed: int, num_prompt_tokens: int) -> int | None:
+        return self.slots.chunk_limit(seq_id, num_computed, num_prompt_tokens)
 
     def allocate(self, seq_id: int, num_computed: int, num_new_tokens: int) -> bool:
         return self.kv.allocate(seq_id, num_computed, num_new_tokens) and self.slots.allocate(
@@ -60,6 +60,9 @@ class HybridCacheManager:
     def free(self, seq_id: int) -> None:
         self.slots.free(seq_id)
         self.kv.free(seq_id)
+
+    def retire(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
+        self.free(seq_id)  # snapshots are taken at block boundaries only, as its prompt is computed
 
     def reset(self) -> None:
         self.slots.reset()

@@ -106,7 +106,7 @@ class KVBlockManager:
     def can_admit(self, num_seqs: int = 1) -> bool:
         return True  # blocks are checked when they are allocated
 
-    def chunk_limit(self, num_computed: int, num_prompt_tokens: int) -> int | None:
+    def chunk_limit(self, seq_id: int, num_computed: int, num_prompt_tokens: int) -> int | None:
         return None  # any chunk size: every full block is keyed as it is written
 
     def commit(self, seq_id: int, token_ids: list[int], num_computed: int, num_prompt_tokens: int) -> None:
@@ -142,6 +142,9 @@ class KVBlockManager:
         self.keyed.pop(seq_id, None)
         for block in reversed(self.tables.pop(seq_id, [])):  # tail first: evicted before the shared prefix
             self._release(block)
+
+    def retire(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
+        self.free(seq_id)  # its full blocks were keyed as they filled; they stay cached once free
 
     def reset(self) -> None:
         """Forget every sequence, and every key whose block no finished step wrote (after a failed step, when no

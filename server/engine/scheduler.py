@@ -188,7 +188,7 @@ class Scheduler:
         plan = []
         for seq in seqs:
             n = min(seq.num_uncomputed, share)
-            limit = self.cache.chunk_limit(seq.num_computed, seq.num_prompt_tokens)
+            limit = self.cache.chunk_limit(seq.seq_id, seq.num_computed, seq.num_prompt_tokens)
             plan.append((seq, n if limit is None else min(n, limit)))
         if group.params.use_beam_search and len(plan) > 1:
             # Beams choose their next tokens together: none may reach its last token before the others

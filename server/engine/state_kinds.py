@@ -83,9 +83,10 @@ class KVBlocks(StateKind):
 class Slots(StateKind):
     part = "slots"
 
-    def __init__(self, num_seqs: int, snapshots_per_seq: int, interval: int, enable_prefix_caching: bool):
+    def __init__(self, num_seqs: int, snapshots_per_seq: int, interval: int, enable_prefix_caching: bool,
+                 aligned: bool = False):
         self.num_slots = num_seqs * (1 + snapshots_per_seq)
-        self.manager = StateSlotManager(self.num_slots, num_seqs, interval, enable_prefix_caching)
+        self.manager = StateSlotManager(self.num_slots, num_seqs, interval, enable_prefix_caching, aligned)
         self.scratch = self.num_slots
 
     def width(self, max_model_len: int | None) -> int:
@@ -116,7 +117,8 @@ def plan_state(model, cache, scheduler, max_model_len: int | None, spare: int, g
     kinds: list[StateKind] = []
     slot_bytes = 0
     if model.state_kind in ("slots", "hybrid"):
-        slots = Slots(scheduler.max_num_seqs, cache.snapshots_per_seq, cache.block_size, cache.enable_prefix_caching)
+        slots = Slots(scheduler.max_num_seqs, cache.snapshots_per_seq, cache.block_size, cache.enable_prefix_caching,
+                      aligned=model.state_kind == "hybrid")  # a hybrid's snapshots must meet whole K,V blocks
         kinds.append(slots)
     if model.state_kind in ("paged_kv", "hybrid"):
         probe = model.new_state(1, 1, block_size=cache.block_size) if model.state_kind == "hybrid" else \

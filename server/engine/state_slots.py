@@ -1,13 +1,23 @@
-"""Fixed-size state bookkeeping (LSTM h,c; gated-CNN windows): one slot per live sequence.
+"""Fixed-size state bookkeeping (LSTM h,c; gated-CNN windows; state-space and xLSTM states): a slot per live sequence.
 
-The tensors live in the model's `SlotState`; this class decides which slot is whose
-and records the resets and copies it needs as `CacheOp`s, applied by the runner, and each sequence's slot
-as a `TableEdit` for the runner's table of slots. Prefix caching for recurrent and
-convolutional models: the state after every `interval` prompt tokens is snapshotted
-into a spare slot, keyed by all the tokens before it; a later prompt with the same
-prefix starts from the snapshot instead of from zero. Snapshots are evicted oldest
-first when their slots are needed. A snapshot is keyed when its copy is queued, and taken back if the
-step that carries the copy fails (unfinished_keys.py).
+The tensors live in the model's `SlotState`; this class decides which slot is whose and records the resets and
+copies it needs as `CacheOp`s, applied by the runner, and each sequence's slot as a `TableEdit` for the runner's
+table of slots.
+
+Prefix caching: a fixed-size state is the whole past of a sequence, so it can be saved after any token, not only
+at block boundaries. It is copied into a spare slot (a snapshot) where a prompt's prefill chunk ends, where the
+prompt ends, and where a sequence finishes (its prompt and output but the last token, which it never read): the
+next turn of a conversation, whose prompt extends the last one, resumes there. Where prompts share a prefix and then
+part (one system prompt, many questions), a state is saved where they part: the block keys of recent prompts are
+remembered, and a prompt whose leading blocks were seen before, further than any snapshot reaches, computes them
+as a chunk of their own and is snapshotted at their end, for the prompts after it. A snapshot is keyed by the exact
+tokens before it: the SHA-256 chain of its full `interval`-token blocks (prefix.py) and the tokens after the last of
+them. A new prompt resumes from its longest snapshotted prefix. Snapshots are evicted least recently used first when
+their slots are needed: the spare slots are the memory budget.
+
+`aligned` (a hybrid model, whose K,V blocks are reusable only whole): prefill chunks stop at every block boundary
+and snapshots are taken there only. A snapshot is keyed when its copy is queued, and taken back if the step that
+carries the copy fails (unfinished_keys.py).
 """
 
 from __future__ import annotations
@@ -19,21 +29,29 @@ from .prefix import ROOT, BlockKey, block_keys
 from .table_edits import TableEdits
 from .unfinished_keys import UnfinishedKeys
 
+SnapshotKey = tuple[BlockKey, tuple[int, ...]]  # (key of the full blocks before it, the tokens after them)
+MAX_SEEN_BLOCKS = 1 << 16  # block keys of recent prompts remembered (about 6 MiB)
+
 
 class StateSlotManager:
-    def __init__(self, num_slots: int, num_seq_slots: int, interval: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_slots: int, num_seq_slots: int, interval: int, enable_prefix_caching: bool = True,
+                 aligned: bool = False):
         if num_slots < num_seq_slots:
             raise ValueError("the state holds fewer slots than sequences asked for")
         self.ops: list[CacheOp] = []
         self.table_edits = TableEdits()
         self.interval = interval
         self.enable_prefix_caching = enable_prefix_caching
+        self.aligned = aligned
         self.num_seq_slots = num_seq_slots
         self.free_slots = list(range(num_seq_slots - 1, -1, -1))
         self.free_snapshot_slots = list(range(num_slots - 1, num_seq_slots - 1, -1))
-        self.snapshots: OrderedDict[BlockKey, int] = OrderedDict()  # least recently used first
+        self.snapshots: OrderedDict[SnapshotKey, int] = OrderedDict()  # least recently used first
+        self.tails: dict[BlockKey, set[tuple[int, ...]]] = {}  # the snapshots' keys, by their full blocks
         self.slots: dict[int, int] = {}
-        self.keyed: dict[int, tuple[int, BlockKey]] = {}  # seq -> (its prompt intervals already keyed, the last key)
+        self.keyed: dict[int, tuple[int, BlockKey]] = {}  # seq -> (its leading blocks already keyed, the last key)
+        self.seen: OrderedDict[BlockKey, None] = OrderedDict()  # block keys of recent prompts, least recent first
+        self.stop_at: dict[int, int] = {}  # seq -> where its prefill pauses to save a state that later prompts share
         self.unfinished = UnfinishedKeys()
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -41,6 +59,10 @@ class StateSlotManager:
     @property
     def num_free_slots(self) -> int:
         return len(self.free_slots)
+
+    @property
+    def num_snapshots(self) -> int:
+        return len(self.snapshots)
 
     @property
     def usage(self) -> float:
@@ -62,11 +84,12 @@ class StateSlotManager:
         no request holds state any more): its pending copy is dropped here, or ran in a step that failed."""
         self.table_edits.free_all(self.slots)
         for key in self.unfinished.take_back():
-            slot = self.snapshots.pop(key, None)
+            slot = self._drop(key)
             if slot is not None:
                 self.free_snapshot_slots.append(slot)
         self.slots.clear()
         self.keyed.clear()
+        self.stop_at.clear()
         self.free_slots = list(range(self.num_seq_slots - 1, -1, -1))
         self.ops.clear()
 
@@ -78,6 +101,8 @@ class StateSlotManager:
         ops, self.ops = self.ops, []
         return ops
 
+    # ---- sequences ---------------------------------------------------------------
+
     def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int) -> int:
         """Give a sequence a slot, started from the longest snapshotted prefix. Returns tokens already computed."""
         slot = self._take_slot()
@@ -86,67 +111,60 @@ class StateSlotManager:
         found, snapshot = 0, None
         if self.enable_prefix_caching:
             self.prefix_queries += len(token_ids)
-            hit = self._longest_snapshot(token_ids, max_cached_tokens)
+            keys = block_keys(token_ids, self.interval, max_cached_tokens // self.interval)
+            hit = self._longest_snapshot(token_ids, max_cached_tokens, keys)
             if hit is not None:
-                count, key = hit
-                found, snapshot = count * self.interval, self.snapshots[key]
+                found, blocks, key = hit
+                snapshot = self.snapshots[key]
                 self.snapshots.move_to_end(key)
-                self.keyed[seq_id] = (count, key)
+                self.keyed[seq_id] = (blocks, key[0])
             self.prefix_hits += found
+            if not self.aligned:
+                shared = self._remember(keys) * self.interval
+                if shared > found:
+                    self.stop_at[seq_id] = shared
         if snapshot is None:
             self.ops.append(CacheOp("reset", (), (slot,)))
         else:
             self.ops.append(CacheOp("copy", (snapshot,), (slot,)))
         return found
 
-    def _longest_snapshot(self, token_ids: list[int], max_cached_tokens: int) -> tuple[int, BlockKey] | None:
-        """(intervals, key) of the longest snapshotted prefix of at most `max_cached_tokens` tokens, or None. Every
-        boundary is looked up: a shorter snapshot may have been evicted while a longer one stays."""
-        hit = None
-        for i, key in enumerate(block_keys(token_ids, self.interval, max_cached_tokens // self.interval)):
-            if key in self.snapshots:
-                hit = (i + 1, key)
-        return hit
-
     def cached_prefix(self, token_ids: list[int], max_cached_tokens: int) -> int:
         """How many leading tokens `admit` would resume from now, changing nothing."""
         if not self.enable_prefix_caching:
             return 0
-        hit = self._longest_snapshot(token_ids, max_cached_tokens)
-        return 0 if hit is None else hit[0] * self.interval
+        hit = self._longest_snapshot(token_ids, max_cached_tokens,
+                                     block_keys(token_ids, self.interval, max_cached_tokens // self.interval))
+        return 0 if hit is None else hit[0]
 
-    def chunk_limit(self, num_computed: int, num_prompt_tokens: int) -> int | None:
-        """Prefill chunks stop at snapshot points, so each boundary's state exists to be saved."""
+    def chunk_limit(self, seq_id: int, num_computed: int, num_prompt_tokens: int) -> int | None:
+        """Where the sequence's next prefill chunk must stop for a state to be saved there: the end of a prefix
+        earlier prompts share (aligned: every block boundary)."""
         if not self.enable_prefix_caching or num_computed >= num_prompt_tokens - 1:
             return None
-        next_point = (num_computed // self.interval + 1) * self.interval
-        return next_point - num_computed if next_point < num_prompt_tokens else None
+        if self.aligned:
+            next_point = (num_computed // self.interval + 1) * self.interval
+        else:
+            next_point = self.stop_at.get(seq_id, 0)
+        return next_point - num_computed if num_computed < next_point < num_prompt_tokens else None
 
     def allocate(self, seq_id: int, num_computed: int, num_new_tokens: int) -> bool:
         return seq_id in self.slots  # the state is fixed-size: nothing grows
 
     def commit(self, seq_id: int, token_ids: list[int], num_computed: int, num_prompt_tokens: int) -> None:
-        """After a step: snapshot the state if it now sits exactly on a prompt boundary."""
-        if not self.enable_prefix_caching or num_computed % self.interval or num_computed >= num_prompt_tokens:
+        """After a step: snapshot the state where a prefill chunk or the prompt ended (aligned: at a boundary)."""
+        if not self.enable_prefix_caching or num_computed > num_prompt_tokens:
             return
-        full = num_computed // self.interval
-        done, parent = self.keyed.get(seq_id, (0, ROOT))
-        if done >= full:  # chunks stop at every snapshot point, so the chain only grows; if not, start over
-            done, parent = 0, ROOT
-        key = block_keys(token_ids[: full * self.interval], self.interval, start=done, parent=parent)[-1]
-        self.keyed[seq_id] = (full, key)
-        if key in self.snapshots:
-            self.snapshots.move_to_end(key)
+        if self.aligned and (num_computed % self.interval or num_computed == num_prompt_tokens):
             return
-        if self.free_snapshot_slots:
-            target = self.free_snapshot_slots.pop()
-        elif self.snapshots:
-            _, target = self.snapshots.popitem(last=False)
-        else:
-            return
-        self.ops.append(CacheOp("copy", (self.slots[seq_id],), (target,)))
-        self.snapshots[key] = target
-        self.unfinished.add(key, self.unfinished.num_launched + 1)  # the next step carries the copy
+        self._snapshot(seq_id, token_ids, num_computed)
+
+    def retire(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
+        """The sequence finished, its state holding `token_ids[:num_computed]`: keep it for a prompt that goes on
+        from there (the next turn of a chat), then free the slot."""
+        if self.enable_prefix_caching and not self.aligned and num_computed > 0 and seq_id in self.slots:
+            self._snapshot(seq_id, token_ids, num_computed)
+        self.free(seq_id)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         slot = self._take_slot()
@@ -158,7 +176,81 @@ class StateSlotManager:
 
     def free(self, seq_id: int) -> None:
         self.keyed.pop(seq_id, None)
+        self.stop_at.pop(seq_id, None)
         slot = self.slots.pop(seq_id, None)
         if slot is not None:
             self.free_slots.append(slot)
             self.table_edits.free(seq_id)
+
+    # ---- snapshots -----------------------------------------------------------------
+
+    def _remember(self, keys: list[BlockKey]) -> int:
+        """Note a prompt's block keys; returns how many of its leading blocks an earlier prompt had."""
+        shared = 0
+        while shared < len(keys) and keys[shared] in self.seen:
+            shared += 1
+        for key in keys:
+            self.seen[key] = None
+            self.seen.move_to_end(key)
+        while len(self.seen) > MAX_SEEN_BLOCKS:
+            self.seen.popitem(last=False)
+        return shared
+
+    def _longest_snapshot(self, token_ids: list[int], max_cached_tokens: int,
+                          keys: list[BlockKey]) -> tuple[int, int, SnapshotKey] | None:
+        """(tokens, full blocks, key) of the longest snapshotted prefix of at most `max_cached_tokens` tokens, given
+        the keys of its full blocks up to there. Every block boundary is looked at, longest first: a shorter
+        snapshot may be gone while a longer one stays."""
+        size = self.interval
+        keys = [ROOT, *keys]
+        for blocks in range(len(keys) - 1, -1, -1):
+            tails = self.tails.get(keys[blocks])
+            if not tails:
+                continue
+            start = blocks * size
+            room = max_cached_tokens - start
+            best = None
+            for tail in tails:
+                if len(tail) <= room and (best is None or len(tail) > len(best)) \
+                        and tuple(token_ids[start : start + len(tail)]) == tail:
+                    best = tail
+            if best is not None:
+                return start + len(best), blocks, (keys[blocks], best)
+        return None
+
+    def _key(self, seq_id: int, token_ids: list[int], num_tokens: int) -> SnapshotKey:
+        """The key of the sequence's first `num_tokens` tokens, its full blocks keyed incrementally."""
+        full = num_tokens // self.interval
+        done, parent = self.keyed.get(seq_id, (0, ROOT))
+        if done > full:  # cannot happen as sequences only grow; start over if it does
+            done, parent = 0, ROOT
+        if full > done:
+            parent = block_keys(token_ids[: full * self.interval], self.interval, start=done, parent=parent)[-1]
+            self.keyed[seq_id] = (full, parent)
+        return parent, tuple(token_ids[full * self.interval : num_tokens])
+
+    def _snapshot(self, seq_id: int, token_ids: list[int], num_tokens: int) -> None:
+        key = self._key(seq_id, token_ids, num_tokens)
+        if key in self.snapshots:
+            self.snapshots.move_to_end(key)
+            return
+        if self.free_snapshot_slots:
+            target = self.free_snapshot_slots.pop()
+        elif self.snapshots:
+            target = self._drop(next(iter(self.snapshots)))  # the least recently used
+        else:
+            return
+        self.ops.append(CacheOp("copy", (self.slots[seq_id],), (target,)))
+        self.snapshots[key] = target
+        self.tails.setdefault(key[0], set()).add(key[1])
+        self.unfinished.add(key, self.unfinished.num_launched + 1)  # the next step carries the copy
+
+    def _drop(self, key: SnapshotKey) -> int | None:
+        """Forget a snapshot; its slot, or None if there was none."""
+        slot = self.snapshots.pop(key, None)
+        if slot is not None:
+            tails = self.tails[key[0]]
+            tails.discard(key[1])
+            if not tails:
+                del self.tails[key[0]]
+        return slot

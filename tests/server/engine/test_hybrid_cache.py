@@ -17,14 +17,15 @@ BLOCK = 4
 
 
 def manager(num_blocks=16, snapshots=2) -> HybridCacheManager:
-    return HybridCacheManager(StateSlotManager(2 * (1 + snapshots), 2, BLOCK), KVBlockManager(num_blocks, BLOCK))
+    return HybridCacheManager(StateSlotManager(2 * (1 + snapshots), 2, BLOCK, aligned=True),
+                              KVBlockManager(num_blocks, BLOCK))
 
 
 def run_prompt(cache: HybridCacheManager, seq_id: int, tokens: list[int]) -> int:
     """Admit a sequence and commit its prompt chunk by chunk, as the scheduler does; returns the tokens found."""
     found = done = cache.admit(seq_id, tokens, len(tokens) - 1)
     while done < len(tokens):
-        n = cache.chunk_limit(done, len(tokens)) or len(tokens) - done
+        n = cache.chunk_limit(seq_id, done, len(tokens)) or len(tokens) - done
         assert cache.allocate(seq_id, done, n)
         done += n
         cache.commit(seq_id, tokens, done, len(tokens))

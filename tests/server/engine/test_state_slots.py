@@ -60,26 +60,47 @@ def test_fork_copies_the_slot():
     assert not m.can_admit(1)
 
 
-def test_prompt_prefix_is_snapshotted_and_reused():
-    m, state = manager(interval=4)
+def test_states_are_saved_where_chunks_prompts_and_sequences_end_and_resumed_at_any_token():
+    m, state = manager(snapshots=4, interval=4)
     prompt = list(range(10))
     m.admit(1, prompt, 9)
-    assert m.chunk_limit(0, 10) == 4  # chunks stop at snapshot points
-    assert m.chunk_limit(4, 10) == 4
-    assert m.chunk_limit(8, 10) is None  # the rest of the prompt in one go
-    state["h"][m.slot(1)] = 4.0  # "the state after 4 tokens"
-    m.commit(1, prompt, 4, 10)
-    state["h"][m.slot(1)] = 8.0
-    m.commit(1, prompt, 8, 10)
+    assert m.chunk_limit(1, 0, 10) is None  # an unseen prompt is computed in chunks as large as the step allows
+    state["h"][m.slot(1)] = 6.0  # "the state after 6 tokens": a chunk ended there
+    m.commit(1, prompt, 6, 10)
+    state["h"][m.slot(1)] = 10.0
+    m.commit(1, prompt, 10, 10)  # the prompt ended
+    state["h"][m.slot(1)] = 11.0
+    m.commit(1, prompt + [50], 11, 10)  # a decode step: no snapshot
+    state["h"][m.slot(1)] = 12.0
+    m.retire(1, prompt + [50, 51, 52], 12)  # finished; its last token was never read
+    assert m.num_snapshots == 3 and m.num_free_slots == 2
+
+    def resumes(seq_id, tokens, max_cached):
+        found = m.admit(seq_id, tokens, max_cached)
+        value = state["h"][m.slot(seq_id)][0].item()
+        m.free(seq_id)
+        return found, value
+
+    assert resumes(2, prompt + [50, 51, 52, 53], 13) == (12, 12.0)  # the next turn of the conversation
+    assert resumes(3, prompt + [60], 10) == (10, 10.0)
+    assert resumes(4, prompt[:7] + [42], 7) == (6, 6.0)
+    assert resumes(5, prompt, 9) == (6, 6.0)  # the whole prompt again: its last token's logits are needed
+    assert resumes(6, [9] + prompt, 10) == (0, 0.0)
+    assert m.prefix_hits == 12 + 10 + 6 + 6
+
+
+def test_a_prefix_earlier_prompts_shared_is_computed_as_a_chunk_of_its_own_and_saved():
+    m, state = manager(snapshots=4, interval=4)
+    system = list(range(100, 109))  # nine tokens every prompt starts with
+    m.admit(1, system + [1, 2, 3], 11)
+    assert m.chunk_limit(1, 0, 12) is None
+    m.commit(1, system + [1, 2, 3], 12, 12)
     m.free(1)
-    cached = m.admit(2, prompt[:8] + [42, 43], 9)
-    assert cached == 8 and torch.all(state["h"][m.slot(2)] == 8.0)
+    m.admit(2, system + [7, 8], 10)  # its first two blocks were seen: the prefill pauses after them
+    assert m.chunk_limit(2, 0, 11) == 8 and m.chunk_limit(2, 8, 11) is None
+    m.commit(2, system + [7, 8], 8, 11)
     m.free(2)
-    cached = m.admit(3, prompt[:6] + [42], 6)
-    assert cached == 4 and torch.all(state["h"][m.slot(3)] == 4.0)
-    assert m.prefix_hits == 12
-
-
+    assert m.admit(3, system + [5], 9) == 8
 def test_snapshots_are_evicted_oldest_first():
     m, state = manager(snapshots=1, interval=2)
     for seq_id, prompt in [(1, [1, 2, 3]), (2, [4, 5, 6])]:
