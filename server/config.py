@@ -28,7 +28,7 @@ class ServerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_queue: int = 256
-    cache_bytes: int | None = None  # per Transformer model; None: from gpu_memory_utilization on CUDA, else 256 MiB
+    cache_bytes: int | None = None  # per model (K,V, or state snapshots); None: from the GPU on CUDA, else 256 MiB
     gpu_memory_utilization: float = 0.9  # of the GPU's memory: weights, activations and K,V caches of all models
     block_size: int = 16
     attention_backend: str = "auto"  # "auto": triton on CUDA, sdpa elsewhere (models.attention)
@@ -158,8 +158,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     arg("--max-num-seqs", int, d.max_num_seqs, "sequences running at once per model")
     arg("--max-num-batched-tokens", int, d.max_num_batched_tokens, "tokens computed per engine step")
     arg("--max-queue", int, d.max_queue, "requests waiting per model before 429")
-    arg("--cache-bytes", int, d.cache_bytes, "K,V cache reserved per Transformer model, in bytes (default: sized "
-        "from --gpu-memory-utilization on CUDA, 256 MiB elsewhere)")
+    arg("--cache-bytes", int, d.cache_bytes, "cache reserved per model, in bytes: a Transformer's K,V blocks "
+        "(default: sized from --gpu-memory-utilization on CUDA, 256 MiB elsewhere), or a recurrent or state-space "
+        "model's prefix snapshots beside its sequences' own states (default 256 MiB)")
     arg("--gpu-memory-utilization", float, d.gpu_memory_utilization,
         "on CUDA, the fraction of the GPU's memory the server may use for weights, activations and K,V caches, "
         "shared equally by the hosted models; the caches take what a profiling step leaves (--cache-bytes wins)")

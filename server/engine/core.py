@@ -37,10 +37,10 @@ log = logging.getLogger("quill.engine")
 @dataclass
 class CacheConfig:
     block_size: int = 16  # tokens per K,V block, and the prefix-snapshot interval of fixed-size states
-    cache_bytes: int | None = None  # K,V cache reserved up front (Transformers); None: see memory.py
+    cache_bytes: int | None = None  # K,V blocks, or state-slot snapshots (state_kinds.py); None: see memory.py
     gpu_memory_utilization: float = 0.9  # on CUDA without cache_bytes: this engine's share of the GPU's memory
     num_blocks: int | None = None  # overrides cache_bytes
-    snapshots_per_seq: int = 2  # spare state slots per sequence slot for prefix snapshots (LSTM, GCNN)
+    snapshots_per_seq: int = 2  # at most this many prefix-snapshot slots per sequence slot (fixed-size states)
     enable_prefix_caching: bool = True
 
     def __post_init__(self):

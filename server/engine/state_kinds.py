@@ -24,7 +24,7 @@ from models.batch import StepBatch
 from .cache import CacheOp
 from .hybrid_cache import HybridCacheManager
 from .kv_blocks import KVBlockManager
-from .memory import choose_cache_bytes
+from .memory import DEFAULT_CACHE_BYTES, choose_cache_bytes
 from .state_slots import StateSlotManager
 
 
@@ -83,9 +83,10 @@ class KVBlocks(StateKind):
 class Slots(StateKind):
     part = "slots"
 
-    def __init__(self, num_seqs: int, snapshots_per_seq: int, interval: int, enable_prefix_caching: bool,
+    def __init__(self, num_seqs: int, num_snapshots: int, interval: int, enable_prefix_caching: bool,
                  aligned: bool = False):
-        self.num_slots = num_seqs * (1 + snapshots_per_seq)
+        self.num_seqs, self.num_snapshots = num_seqs, num_snapshots
+        self.num_slots = num_seqs + num_snapshots
         self.manager = StateSlotManager(self.num_slots, num_seqs, interval, enable_prefix_caching, aligned)
         self.scratch = self.num_slots
 
@@ -107,29 +108,35 @@ class Slots(StateKind):
 
     def describe(self, tensors) -> str:
         mib = tensors.bytes_per_slot / 2**20
-        return f"{tensors.num_slots} state slots of {mib:.2f} MiB"
+        return f"state slots of {mib:.2f} MiB for {self.num_seqs} sequences and {self.num_snapshots} prefix snapshots"
 
 
 def plan_state(model, cache, scheduler, max_model_len: int | None, spare: int, graph_batch_size: int = 0,
                ) -> "StateLayout":
     """Size and allocate a model's state for an engine (`cache`: its CacheConfig, `scheduler`: its SchedulerConfig).
-    K,V blocks take `cache.cache_bytes` (or what memory.py measures is left on a GPU) less any slots' bytes."""
+    Every sequence the scheduler may run gets a slot; prefix snapshots get up to `snapshots_per_seq` slots per
+    sequence within `cache.cache_bytes` (256 MiB when not given). K,V blocks take `cache.cache_bytes` (or what
+    memory.py measures is left on a GPU) less a hybrid's slots."""
     kinds: list[StateKind] = []
+    hybrid = model.state_kind == "hybrid"
+    probe = model.new_state(1, 1, block_size=cache.block_size) if hybrid else \
+        model.new_state(1, block_size=cache.block_size) if model.state_kind == "paged_kv" else model.new_state(1)
     slot_bytes = 0
     if model.state_kind in ("slots", "hybrid"):
-        slots = Slots(scheduler.max_num_seqs, cache.snapshots_per_seq, cache.block_size, cache.enable_prefix_caching,
-                      aligned=model.state_kind == "hybrid")  # a hybrid's snapshots must meet whole K,V blocks
-        kinds.append(slots)
+        per_slot = (probe.slots if hybrid else probe).bytes_per_slot
+        num_seqs = scheduler.max_num_seqs
+        num_snapshots = num_seqs * cache.snapshots_per_seq
+        if not hybrid:  # snapshots take what the cache budget leaves beside the sequences' own slots
+            budget = DEFAULT_CACHE_BYTES if cache.cache_bytes is None else cache.cache_bytes
+            num_snapshots = min(num_snapshots, max(0, budget // per_slot - num_seqs))
+        kinds.append(Slots(num_seqs, num_snapshots, cache.block_size, cache.enable_prefix_caching,
+                           aligned=hybrid))  # a hybrid's snapshots must meet whole K,V blocks
+        slot_bytes = per_slot * (num_seqs + num_snapshots + spare)
     if model.state_kind in ("paged_kv", "hybrid"):
-        probe = model.new_state(1, 1, block_size=cache.block_size) if model.state_kind == "hybrid" else \
-            model.new_state(1, block_size=cache.block_size)
-        kv_probe = getattr(probe, "kv", probe)
-        if kinds:
-            slot_bytes = probe.slots.bytes_per_slot * (kinds[0].num_slots + spare)
         num_blocks = cache.num_blocks or max(1, (choose_cache_bytes(
             model, cache.cache_bytes, cache.gpu_memory_utilization, cache.block_size,
             scheduler.max_num_batched_tokens, max_model_len, graph_batch_size,
-        ) - slot_bytes) // kv_probe.bytes_per_block)
+        ) - slot_bytes) // getattr(probe, "kv", probe).bytes_per_block)
         kinds.append(KVBlocks(num_blocks, cache.block_size, cache.enable_prefix_caching))
     if not kinds:
         raise ValueError(f"unknown state kind {model.state_kind!r} (known: paged_kv, slots, hybrid)")

@@ -73,7 +73,7 @@ def test_layout_allocates_both_and_locates_each_sequences_share():
     from models.batch import StepBatch
 
     model = ScriptedModel(ScriptedConfig(50, state_kind="hybrid"))
-    layout = StateLayout(model, [KVBlocks(10, BLOCK, True), Slots(3, 1, BLOCK, True)], spare=1, max_model_len=16)
+    layout = StateLayout(model, [KVBlocks(10, BLOCK, True), Slots(3, 3, BLOCK, True)], spare=1, max_model_len=16)
     assert isinstance(layout.state, HybridState)
     assert isinstance(layout.state.kv, PagedKVCache) and layout.state.kv.num_blocks == 11
     assert isinstance(layout.state.slots, SlotState) and layout.state.slots.num_slots == 7
