@@ -4,7 +4,9 @@
 Most layers are a gated short convolution: in_proj makes B, C and x; B * x goes through a causal depthwise
 convolution of `conv_kernel` taps (conv_L_cache, 3 in the released models); C gates its output; out_proj maps it
 back. The other layers are attention with an RMSNorm of each head's q and k before RoPE. Every layer is pre-norm
-with a SwiGLU feed-forward; the norm called `embedding_norm` is the final one, before the tied output layer.
+with a SwiGLU feed-forward; the norm called `embedding_norm` is the final one, before the output layer (tied to
+the embeddings in the released models). Our modules carry the checkpoint's tensor names, so the attention layers
+have their own q/k/v projections, but they run the Transformer's paged-attention backends, RoPE and norms.
 
 State per sequence, of two kinds (a `HybridState`):
 - convolution windows, in a slot: each conv layer's last conv_kernel - 1 inputs B * x, (n_conv, K - 1, d_model).
@@ -14,8 +16,8 @@ State per sequence, of two kinds (a `HybridState`):
 
 LFM2-350M (d_model 1024, 16 layers of which 6 attention, 16 heads of 64, 8 KV heads, conv_L_cache 3), in bf16:
 per sequence, 10 conv layers x 2 inputs x 1024 channels x 2 bytes = 40,960 bytes (40 KiB) of windows; per token,
-6 layers x (K + V) x 8 heads x 64 x 2 bytes = 12,288 bytes (12 KiB) of K,V, 6/16 of what the same stack all of
-attention would hold. The whole conv state is worth the K,V of 3.3 tokens. (float32: twice each.)
+6 layers x (K + V) x 8 heads x 64 x 2 bytes = 12,288 bytes (12 KiB) of K,V, 6/16 of a 16-layer all-attention
+stack's. The whole conv state weighs as much as 3.3 tokens of K,V. (float32: twice each.)
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ LAYER_TYPES = ("conv", "full_attention")
 
 @dataclass
 class Lfm2Config:
+    """head_dim, rope_theta and rope_scaling are named as in TransformerConfig: models.transformer's rope_tables
+    reads them."""
+
     vocab_size: int
     d_model: int = 256
     layer_types: list[str] = field(default_factory=lambda: ["conv", "full_attention"])  # one per layer
