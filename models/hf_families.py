@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from . import lfm2
 from .transformer import TransformerConfig
 
 log = logging.getLogger("quill.models")
@@ -219,4 +220,6 @@ FAMILIES: dict[str, Family] = {
     "gemma": Family(_gemma, LLAMA_TENSORS, defaults={
         **_LLAMA_DEFAULTS, "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True,
         "max_position_embeddings": 8192, "head_dim": 256}),
+    # Our LFM2 modules carry the checkpoint's names (models/lfm2.py).
+    "lfm2": Family(lfm2.read_config, None, defaults=lfm2.DEFAULTS, architecture="lfm2"),
 }

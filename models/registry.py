@@ -2,6 +2,7 @@
 
 from .fconv import FConvConfig, FConvLanguageModel
 from .gcnn import GCNNConfig, GCNNLanguageModel
+from .lfm2 import Lfm2Config, Lfm2LanguageModel
 from .lstm import LSTMConfig, LSTMLanguageModel
 from .scripted import ScriptedConfig, ScriptedModel
 from .transformer import TransformerConfig, TransformerLanguageModel
@@ -11,5 +12,6 @@ ARCHITECTURES = {
     "gcnn": (GCNNConfig, GCNNLanguageModel),
     "fconv": (FConvConfig, FConvLanguageModel),  # fairseq's fconv_lm, read by models.classic.fairseq_fconv
     "transformer": (TransformerConfig, TransformerLanguageModel),
+    "lfm2": (Lfm2Config, Lfm2LanguageModel),  # Hugging Face LFM2: conv windows in slots, K,V in blocks
     "scripted": (ScriptedConfig, ScriptedModel),  # no compute: for measuring the engine and the server
 }

@@ -53,7 +53,9 @@ def model_spec(key: str) -> tuple[type, object]:
 
 
 def test_every_hugging_face_family_is_covered():
-    assert {c["model_type"] for c in HF_CONFIGS.values()} == set(FAMILIES)
+    """Every family read as a Transformer; the others have fake-CUDA tests of their own (tests/models/test_<arch>)."""
+    read_as_transformer = {name for name, family in FAMILIES.items() if family.architecture == "transformer"}
+    assert {c["model_type"] for c in HF_CONFIGS.values()} == read_as_transformer
 
 
 # Our models in both dtypes; the Hugging Face families as CUDA serves them by default (bfloat16).

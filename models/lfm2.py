@@ -1,0 +1,327 @@
+"""LFM2 (Liquid AI): a hybrid of gated short convolutions and grouped-query attention, read from Hugging Face
+`Lfm2ForCausalLM` checkpoints as they are.
+
+Most layers are a gated short convolution: in_proj makes B, C and x; B * x goes through a causal depthwise
+convolution of `conv_kernel` taps (conv_L_cache, 3 in the released models); C gates its output; out_proj maps it
+back. The other layers are attention with an RMSNorm of each head's q and k before RoPE. Every layer is pre-norm
+with a SwiGLU feed-forward; the norm called `embedding_norm` is the final one, before the output layer (tied to
+the embeddings in the released models). Our modules carry the checkpoint's tensor names, so the attention layers
+have their own q/k/v projections, but they run the Transformer's paged-attention backends, RoPE and norms.
+
+State per sequence, of two kinds (a `HybridState`):
+- convolution windows, in a slot: each conv layer's last conv_kernel - 1 inputs B * x, (n_conv, K - 1, d_model).
+  Kept in the model's dtype: they are inputs the convolution reads again, not a sum that accumulates, so storing
+  them in the dtype they were made in loses nothing.
+- K and V of the attention layers only, in paged blocks, through the Transformer's attention backends.
+
+LFM2-350M (d_model 1024, 16 layers of which 6 attention, 16 heads of 64, 8 KV heads, conv_L_cache 3), in bf16:
+per sequence, 10 conv layers x 2 inputs x 1024 channels x 2 bytes = 40,960 bytes (40 KiB) of windows; per token,
+6 layers x (K + V) x 8 heads x 64 x 2 bytes = 12,288 bytes (12 KiB) of K,V, 6/16 of a 16-layer all-attention
+stack's. The whole conv state weighs as much as 3.3 tokens of K,V. (float32: twice each.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import PagedAttentionBackend, select_attention_backend
+from .batch import StepBatch
+from .host_copy import to_device
+from .kernels import TORCH_OPS, LayerOps
+from .state import HybridState, PagedKVCache, SlotState
+from .transformer import ROPE_SCALING_TYPES, RMSNorm, rope_scaling_type, rope_tables
+
+LAYER_TYPES = ("conv", "full_attention")
+
+
+@dataclass
+class Lfm2Config:
+    """head_dim, rope_theta and rope_scaling are named as in TransformerConfig: models.transformer's rope_tables
+    reads them."""
+
+    vocab_size: int
+    d_model: int = 256
+    layer_types: list[str] = field(default_factory=lambda: ["conv", "full_attention"])  # one per layer
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # fewer than n_heads: grouped-query attention
+    head_dim: int | None = None  # default d_model // n_heads
+    d_ff: int = 512  # SwiGLU width, after the checkpoint's rounding rule (read_config applies it)
+    conv_kernel: int = 3  # taps of the causal depthwise convolution (Hugging Face: conv_L_cache)
+    conv_bias: bool = False  # biases on in_proj, the convolution and out_proj
+    norm_eps: float = 1e-5
+    rope_theta: float = 1_000_000.0
+    rope_scaling: dict | None = None  # {"rope_type": "linear"|"llama3", "factor": ..., ...}
+    max_seq_len: int = 128_000  # context window (max_position_embeddings)
+    tie_embeddings: bool = True
+    extra: dict = field(default_factory=dict)  # provenance (e.g. the Hugging Face model_type)
+
+    def __post_init__(self):
+        self.n_kv_heads = self.n_kv_heads or self.n_heads
+        self.head_dim = self.head_dim or self.d_model // self.n_heads
+        self.layer_types = list(self.layer_types)
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise ValueError(f"layer_types {unknown} are not implemented (supported: {', '.join(LAYER_TYPES)})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.conv_kernel < 1:
+            raise ValueError(f"conv_kernel (conv_L_cache) must be at least 1, not {self.conv_kernel}")
+        if rope_scaling_type(self.rope_scaling) not in ROPE_SCALING_TYPES:
+            raise ValueError(f"rope type {rope_scaling_type(self.rope_scaling)!r} is not implemented "
+                             f"(supported: {', '.join(ROPE_SCALING_TYPES)})")
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def n_conv_layers(self) -> int:
+        return self.layer_types.count("conv")
+
+    @property
+    def n_attention_layers(self) -> int:
+        return self.n_layers - self.n_conv_layers
+
+
+def read_config(raw: dict) -> Lfm2Config:
+    """An `Lfm2Config` from config.json (defaults filled in), renamings and sizing as transformers' Lfm2Config."""
+    from .hf_families import _rope  # here, not at the top: hf_families imports this module
+
+    theta, scaling = _rope(raw)
+    n_layers = raw["num_hidden_layers"]
+    layer_types = raw.get("layer_types")
+    if layer_types is None:  # older configs list the attention layers; none listed means all are attention
+        attention = raw.get("full_attn_idxs")
+        attention = range(n_layers) if attention is None else attention
+        layer_types = ["full_attention" if i in attention else "conv" for i in range(n_layers)]
+    if len(layer_types) != n_layers:
+        raise ValueError(f"layer_types has {len(layer_types)} entries for {n_layers} layers")
+    d_ff = raw.get("block_ff_dim", raw["intermediate_size"])
+    if raw["block_auto_adjust_ff_dim"]:  # 2/3 of the nominal width, scaled, rounded up to a multiple
+        d_ff = int(2 * d_ff / 3)
+        if raw["block_ffn_dim_multiplier"] is not None:
+            multiple = raw["block_multiple_of"]
+            d_ff = multiple * -(-int(raw["block_ffn_dim_multiplier"] * d_ff) // multiple)
+    return Lfm2Config(
+        vocab_size=raw["vocab_size"], d_model=raw["hidden_size"], layer_types=layer_types,
+        n_heads=raw["num_attention_heads"], n_kv_heads=raw["num_key_value_heads"], head_dim=raw.get("head_dim"),
+        d_ff=d_ff, conv_kernel=raw["conv_L_cache"], conv_bias=raw["conv_bias"], norm_eps=raw["norm_eps"],
+        rope_theta=theta, rope_scaling=scaling, max_seq_len=raw["max_position_embeddings"],
+        tie_embeddings=raw.get("tie_embedding", raw["tie_word_embeddings"]),
+        extra={"hf_model_type": raw["model_type"]},
+    )
+
+
+# What transformers' Lfm2Config assumes for a key config.json leaves out (rope_theta: its default_theta).
+DEFAULTS = {
+    "vocab_size": 65536, "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 128_000, "norm_eps": 1e-5,
+    "tie_word_embeddings": True, "rope_theta": 1_000_000.0, "conv_bias": False, "conv_L_cache": 3,
+    "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": True,
+}
+
+
+class ShortConv(nn.Module):
+    """Gated short convolution: out_proj(C * causal_conv(B * x)), with B, C, x = in_proj(h)."""
+
+    def __init__(self, config: Lfm2Config):
+        super().__init__()
+        d, bias = config.d_model, config.conv_bias
+        self.in_proj = nn.Linear(d, 3 * d, bias=bias)
+        # Holds the taps (d, 1, K) under the checkpoint's name; `convolve` applies them.
+        self.conv = nn.Conv1d(d, d, kernel_size=config.conv_kernel, groups=d, bias=bias)
+        self.out_proj = nn.Linear(d, d, bias=bias)
+
+    @property
+    def window(self) -> int:
+        """How many past inputs the next output reads."""
+        return self.conv.kernel_size[0] - 1
+
+    def gated_inputs(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h (..., D) -> the convolution's input B * x and the output gate C, (..., D) each."""
+        b, c, x = self.in_proj(h).chunk(3, dim=-1)
+        return b * x, c
+
+    def convolve(self, inputs: torch.Tensor) -> torch.Tensor:
+        """inputs (B, K - 1 + Q, D): the window then Q new inputs -> (B, Q, D) outputs at the new inputs.
+
+        A sum over the taps, accumulated in float32: each output is the same operations on the same K inputs
+        whichever chunk it falls in, so prefill in chunks equals one pass.
+        """
+        taps = self.conv.weight[:, 0].float()  # (D, K)
+        q = inputs.shape[1] - self.window
+        out = inputs[:, :q].float() * taps[:, 0]
+        for k in range(1, taps.shape[1]):
+            out = out + inputs[:, k : k + q].float() * taps[:, k]
+        if self.conv.bias is not None:
+            out = out + self.conv.bias.float()
+        return out.to(inputs.dtype)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h (B, T, D) from the empty state (a window of zeros)."""
+        inputs, gate = self.gated_inputs(h)
+        return self.out_proj(gate * self.convolve(F.pad(inputs, (0, 0, self.window, 0))))
+
+    def step(self, h: torch.Tensor, window: torch.Tensor, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """h (T, D) packed new tokens, window (B, K - 1, D) each sequence's last inputs -> (T, D) outputs and
+        the new windows: each sequence's last K - 1 real inputs, never its padding."""
+        inputs, gate = self.gated_inputs(h)
+        seq = torch.cat([window.to(inputs.dtype), batch.pad(inputs)], dim=1)  # (B, K - 1 + Q, D)
+        out = self.out_proj(gate * batch.unpad(self.convolve(seq)))
+        if batch.max_query_len == 1:
+            return out, seq[:, 1:]
+        # Sequence b's real inputs end at K - 1 + query_len[b]: its new window starts at query_len[b].
+        starts = to_device(batch.query_lens, seq.device, torch.long)
+        kept = starts[:, None] + torch.arange(self.window, device=seq.device)  # (B, K - 1) rows of seq
+        return out, seq.gather(1, kept[..., None].expand(-1, -1, seq.shape[-1]))
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with a per-head RMSNorm of q and k before RoPE; K,V in the paged cache."""
+
+    def __init__(self, config: Lfm2Config):
+        super().__init__()
+        c = config
+        self.shape = (c.n_heads, c.n_kv_heads, c.head_dim)
+        self.q_proj = nn.Linear(c.d_model, c.n_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
+        self.out_proj = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=False)
+        self.q_layernorm = RMSNorm(c.head_dim, c.norm_eps)
+        self.k_layernorm = RMSNorm(c.head_dim, c.norm_eps)
+
+    def project(self, h: torch.Tensor, rope, ops: LayerOps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h (..., T, D) -> q (..., T, H, hd), k and v (..., T, KVH, hd)."""
+        n_heads, n_kv_heads, head_dim = self.shape
+        q = ops.norm(self.q_proj(h).unflatten(-1, (n_heads, head_dim)), self.q_layernorm)
+        k = ops.norm(self.k_proj(h).unflatten(-1, (n_kv_heads, head_dim)), self.k_layernorm)
+        v = self.v_proj(h).unflatten(-1, (n_kv_heads, head_dim))
+        q, k = ops.rope(q, k, *rope)
+        return q, k, v
+
+    def forward(self, h: torch.Tensor, rope) -> torch.Tensor:
+        """Causal attention over h (B, T, D), no cache."""
+        q, k, v = (t.transpose(1, 2) for t in self.project(h, rope, TORCH_OPS))  # (B, heads, T, hd)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        return self.out_proj(out.transpose(1, 2).flatten(-2))
+
+    def step(self, h: torch.Tensor, rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             attention: PagedAttentionBackend, ops: LayerOps) -> torch.Tensor:
+        """h (T, D) packed new tokens; k_cache, v_cache (num_blocks, block_size, KVH, hd) of this layer."""
+        q, k, v = self.project(h, rope, ops)
+        return self.out_proj(attention.forward(q, k, v, k_cache, v_cache))  # the backend writes k, v into the cache
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 h) * w3 h)."""
+
+    def __init__(self, config: Lfm2Config):
+        super().__init__()
+        self.w1 = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.w3 = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.w2 = nn.Linear(config.d_ff, config.d_model, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class Layer(nn.Module):
+    """x + operator(operator_norm(x)), then + feed_forward(ffn_norm(.)); the operator is `conv` or `self_attn`."""
+
+    def __init__(self, config: Lfm2Config, layer_type: str, state_index: int):
+        super().__init__()
+        self.is_conv = layer_type == "conv"
+        self.state_index = state_index  # among the layers of its type: its conv window, or its K,V layer
+        if self.is_conv:
+            self.conv = ShortConv(config)
+        else:
+            self.self_attn = Attention(config)
+        self.feed_forward = FeedForward(config)
+        self.operator_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
+
+    def forward(self, x: torch.Tensor, rope) -> torch.Tensor:
+        h = self.operator_norm(x)
+        x = x + (self.conv(h) if self.is_conv else self.self_attn(h, rope))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Backbone(nn.Module):
+    """Named `model` in the language model, as in the checkpoints: embed_tokens, layers, embedding_norm."""
+
+    def __init__(self, config: Lfm2Config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        types = config.layer_types
+        self.layers = nn.ModuleList(Layer(config, kind, types[:i].count(kind)) for i, kind in enumerate(types))
+        self.embedding_norm = RMSNorm(config.d_model, config.norm_eps)  # the final norm, despite its name
+
+
+class Lfm2LanguageModel(nn.Module):
+    state_kind = HybridState.kind
+
+    def __init__(self, config: Lfm2Config):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # As the Transformer's: an attention backend name ("auto": the device's default), resolved by new_state,
+        # and the layer ops its steps run norms and RoPE through.
+        self.attention_backend = "auto"
+        self.layer_ops: LayerOps = TORCH_OPS
+
+    def _logits(self, x: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(ops.norm(x, self.model.embedding_norm), weight).float()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, V) logits, from an empty state."""
+        x = self.model.embed_tokens(tokens)
+        rope = rope_tables(self.config, torch.arange(tokens.shape[1], device=tokens.device), x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, rope)
+        return self._logits(x)
+
+    def new_state(self, num_blocks: int, num_slots: int, block_size: int = 16, dtype: torch.dtype | None = None,
+                  attention_backend: str | None = None) -> HybridState:
+        """K,V blocks for the attention layers, read by `attention_backend` (None: the model's), and one slot per
+        sequence of conv windows, "conv" (num_slots, n_conv_layers, conv_kernel - 1, d_model); both in `dtype`
+        (None: the model's)."""
+        c = self.config
+        like = self.model.embed_tokens.weight
+        dtype = dtype or like.dtype
+        backend = select_attention_backend(attention_backend or self.attention_backend, like.device)
+        kv = PagedKVCache(c.n_attention_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim, dtype,
+                          like.device, attention=backend)
+        windows = torch.zeros((num_slots, c.n_conv_layers, c.conv_kernel - 1, c.d_model), dtype=dtype,
+                              device=like.device)
+        return HybridState(kv, SlotState({"conv": windows}))
+
+    @torch.inference_mode()
+    def step(self, batch: StepBatch, state: HybridState) -> torch.Tensor:
+        """Run each sequence's new tokens from its conv slot and its cached K,V; update both in place."""
+        ops, kv = self.layer_ops, state.kv
+        attention = kv.attention.build(batch, kv.block_size)  # once per step, shared by the attention layers
+        windows = state.slots["conv"][batch.slots]  # (B, n_conv, K - 1, D)
+        new_windows = []
+        x = self.model.embed_tokens(batch.token_ids)  # (T, D)
+        rope = rope_tables(self.config, batch.positions, x.dtype)
+        for layer in self.model.layers:
+            h = ops.norm(x, layer.operator_norm)
+            if layer.is_conv:
+                h, window = layer.conv.step(h, windows[:, layer.state_index], batch)
+                new_windows.append(window)
+            else:
+                i = layer.state_index
+                h = layer.self_attn.step(h, rope, kv.k[i], kv.v[i], attention, ops)
+            h, x = ops.add_norm(h, x, layer.ffn_norm)  # x = x + h, h = ffn_norm(x)
+            x = x + layer.feed_forward(h)
+        if new_windows:
+            state.slots["conv"][batch.slots] = torch.stack(new_windows, dim=1).to(windows.dtype)
+        if batch.logits_indices is not None:
+            x = x[batch.logits_indices]
+        return self._logits(x, ops)
