@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from .mamba2 import read_config as read_mamba2_config
 from .transformer import TransformerConfig
 
 log = logging.getLogger("quill.models")
@@ -219,4 +220,10 @@ FAMILIES: dict[str, Family] = {
     "gemma": Family(_gemma, LLAMA_TENSORS, defaults={
         **_LLAMA_DEFAULTS, "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True,
         "max_position_embeddings": 8192, "head_dim": 256}),
+    # Our Mamba-2 modules carry the checkpoint's names (backbone.layers.{i}.mixer...).
+    "mamba2": Family(read_mamba2_config, None, architecture="mamba2", defaults={
+        "vocab_size": 32768, "hidden_size": 4096, "num_hidden_layers": 64, "expand": 2, "num_heads": 128,
+        "head_dim": 64, "state_size": 128, "n_groups": 8, "conv_kernel": 4, "use_bias": False,
+        "use_conv_bias": True, "hidden_act": "silu", "layer_norm_epsilon": 1e-5, "residual_in_fp32": True,
+        "time_step_limit": [0.0, float("inf")], "chunk_size": 256, "tie_word_embeddings": False}),
 }
