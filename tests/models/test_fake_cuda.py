@@ -18,7 +18,6 @@ from models.hf import config_from_hf
 from models.hf_families import FAMILIES
 from models.lstm import LSTMLanguageModel
 from models.registry import ARCHITECTURES
-from models.transformer import TransformerLanguageModel
 from tests.conftest import TINY_CONFIGS
 from tests.fake_cuda import CUDA, assert_on_cuda, fake_cuda, fake_model
 from tests.models.test_incremental import BLOCK_SIZE, Cache
@@ -40,13 +39,16 @@ HF_CONFIGS = {
     "qwen3": dict(model_type="qwen3", **_LLAMA_LIKE),
     "phi3": dict(model_type="phi3", **_LLAMA_LIKE),
     "gemma": dict(model_type="gemma", **_LLAMA_LIKE),
+    "mamba2": dict(model_type="mamba2", vocab_size=V, hidden_size=16, num_hidden_layers=1, num_heads=4, head_dim=8,
+                   state_size=8, n_groups=2, chunk_size=4),
 }
 
 
 def model_spec(key: str) -> tuple[type, object]:
     """(model class, config) of a TINY_CONFIGS key or an "hf-" + HF_CONFIGS key."""
     if key.startswith("hf-"):
-        return TransformerLanguageModel, config_from_hf(HF_CONFIGS[key.removeprefix("hf-")])[0]
+        raw = HF_CONFIGS[key.removeprefix("hf-")]
+        return ARCHITECTURES[FAMILIES[raw["model_type"]].architecture][1], config_from_hf(raw)[0]
     arch, kwargs = TINY_CONFIGS[key]
     config_cls, model_cls = ARCHITECTURES[arch]
     return model_cls, config_cls(vocab_size=V, **kwargs)
