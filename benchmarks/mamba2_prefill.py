@@ -2,7 +2,7 @@
 full forward (its PyTorch fallback, mamba_ssm absent), on the same random weights of a real model's shape.
 
     .venv/bin/python -m benchmarks.mamba2_prefill                         # mamba2-130m shape, 2,000 tokens
-    .venv/bin/python -m benchmarks.mamba2_prefill --tokens 500 --chunks 64 256 --out runs/mamba2_prefill.json
+    .venv/bin/python -m benchmarks.mamba2_prefill --threads 1 --chunks 64 128 256 --out runs/mamba2_prefill.json
     .venv/bin/python -m benchmarks.mamba2_prefill --smoke                 # seconds, a tiny shape
 
 Each figure is the fastest of --repeats runs, interleaved (a busy machine slows them alike), after a warm-up;
@@ -56,7 +56,8 @@ def set_chunk_size(model: Mamba2LanguageModel, chunk_size: int) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=2000)
-    parser.add_argument("--chunks", type=int, nargs="+", default=[256], help="our scan's chunk sizes to time")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[64, 256], help="our scan's chunk sizes to time")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--smoke", action="store_true", help="a tiny shape and prompt: shows the code runs")
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.smoke:
         args.tokens, args.repeats = 40, 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     shape = SHAPE_TINY if args.smoke else SHAPE_130M
     reference, ours = build(shape, device)
