@@ -155,6 +155,7 @@ def test_engine_greedy_matches_transformers_generate(default_pair, graphs):
     for i, prompt in enumerate(PROMPTS + PROMPTS[:2]):
         want = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10, min_new_tokens=10)
         assert results[f"r{i}"][0]["token_ids"] == want[0, len(prompt):].tolist(), i
+    assert e.cache.prefix_hits > 0  # some prompts did start from a copied snapshot
 
 
 def test_engine_beam_search_matches_transformers_generate(default_pair):
