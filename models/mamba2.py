@@ -156,7 +156,7 @@ class Mamba2Mixer(nn.Module):
         `real` (B, Q) bool marks real tokens (None: all are); `window_index` (B, d_conv - 1) where each row's
         new window sits in [window; inputs] (None: the last d_conv - 1). -> (out, new window, new ssm)."""
         c = self.config
-        batch, steps, _ = h.shape
+        steps = h.shape[1]
         z, xbc, dt = self.in_proj(h).split([c.intermediate_size, c.conv_dim, c.num_heads], dim=-1)
         full = torch.cat([window.to(xbc.dtype), xbc], dim=1)  # (B, d_conv - 1 + Q, conv_dim)
         if window_index is None:
