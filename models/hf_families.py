@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from . import lfm2
+from .mamba2 import read_config as read_mamba2_config
 from .transformer import TransformerConfig
 
 log = logging.getLogger("quill.models")
@@ -222,4 +223,10 @@ FAMILIES: dict[str, Family] = {
         "max_position_embeddings": 8192, "head_dim": 256}),
     # Our LFM2 modules carry the checkpoint's names (models/lfm2.py).
     "lfm2": Family(lfm2.read_config, None, defaults=lfm2.DEFAULTS, architecture="lfm2"),
+    # Our Mamba-2 modules carry the checkpoint's names (backbone.layers.{i}.mixer...).
+    "mamba2": Family(read_mamba2_config, None, architecture="mamba2", defaults={
+        "vocab_size": 32768, "hidden_size": 4096, "num_hidden_layers": 64, "expand": 2, "num_heads": 128,
+        "head_dim": 64, "state_size": 128, "n_groups": 8, "conv_kernel": 4, "use_bias": False,
+        "use_conv_bias": True, "hidden_act": "silu", "layer_norm_epsilon": 1e-5, "residual_in_fp32": True,
+        "time_step_limit": [0.0, float("inf")], "chunk_size": 256, "tie_word_embeddings": False}),
 }

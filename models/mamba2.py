@@ -1,0 +1,266 @@
+"""Mamba-2 (Dao & Gu 2024), as Hugging Face's `Mamba2ForCausalLM` stores it (model_type "mamba2":
+state-spaces/mamba2-*, Mamba-Codestral-7B).
+
+Embedding -> layers of (RMSNorm -> mixer, residual) -> RMSNorm -> softmax. The mixer projects each token to a
+gate z, the stream xBC and a time step per head; xBC goes through a short causal depthwise convolution and
+SiLU, splits into x (heads of head_dim), B and C (n_groups of d_state), and runs the selective state-space
+recurrence of models/ssd.py with a skip D x; a grouped RMSNorm gated by SiLU(z) and a projection close it.
+
+State per sequence and layer, a fixed size whatever the length:
+- "conv": the last d_conv - 1 inputs of the convolution, (d_conv - 1, conv_dim), conv_dim = d_inner +
+  2 n_groups d_state, in the model's dtype (what the convolution reads in a full pass);
+- "ssm": the recurrence's state, (num_heads, head_dim, d_state), always float32: it accumulates thousands
+  of decayed terms, which bfloat16 would round away.
+For mamba2-130m (hidden 768, 24 layers, expand 2, head_dim 64 so 24 heads, d_state 128, n_groups 1, d_conv 4):
+conv 24 x 3 x 1792 x 4 B = 516,096 B, ssm 24 x 24 x 64 x 128 x 4 B = 18,874,368 B: 19,390,464 B (18.5 MiB)
+per sequence in float32, 19,132,416 B with a bfloat16 conv window; the SSM state is 97% of it.
+A step reads and writes one layer's slots at a time, so no copy of every layer's state is made at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .batch import StepBatch
+from .host_copy import to_device
+from .ssd import ssd_chunked, ssd_step
+from .state import SlotState
+
+ACTIVATIONS = ("silu", "swish")  # the convolution's activation; the gate is SiLU in every Mamba-2
+MAX_SCAN_CHUNK = 64  # see read_config
+
+
+@dataclass
+class Mamba2Config:
+    vocab_size: int
+    hidden_size: int = 768
+    num_layers: int = 24
+    expand: int = 2
+    num_heads: int = 24  # num_heads * head_dim = expand * hidden_size (d_inner)
+    head_dim: int = 64
+    state_size: int = 128  # d_state
+    n_groups: int = 1  # B and C are shared by num_heads / n_groups heads; the gated norm is per group too
+    conv_kernel: int = 4
+    use_bias: bool = False  # on in_proj and out_proj
+    use_conv_bias: bool = True
+    norm_eps: float = 1e-5
+    residual_in_fp32: bool = True  # the residual stream stays float32 under a bfloat16 model
+    time_step_limit: tuple[float, float] = (0.0, math.inf)  # dt is clamped to it after the softplus
+    # False: RMSNorm(y * SiLU(z)), what transformers' Mamba2 and mamba_ssm's default compute;
+    # True: RMSNorm(y) * SiLU(z) (FalconH1's mamba_norm_before_gate).
+    norm_before_gate: bool = False
+    chunk_size: int = 64  # tokens per chunk of the prefill scan: its speed, not its result
+    tie_embeddings: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.expand * self.hidden_size != self.num_heads * self.head_dim:
+            raise ValueError(f"expand * hidden_size ({self.expand * self.hidden_size}) must equal num_heads * "
+                             f"head_dim ({self.num_heads * self.head_dim})")
+        if self.n_groups < 1 or self.num_heads % self.n_groups:
+            raise ValueError(f"n_groups ({self.n_groups}) must divide num_heads ({self.num_heads})")
+        if self.conv_kernel < 1 or self.chunk_size < 1:
+            raise ValueError("conv_kernel and chunk_size must be at least 1")
+        low, high = self.time_step_limit = tuple(float(v) for v in self.time_step_limit)
+        if not 0.0 <= low <= high:
+            raise ValueError(f"time_step_limit must be (low, high) with 0 <= low <= high, not {self.time_step_limit}")
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.intermediate_size + 2 * self.n_groups * self.state_size
+
+
+def _json_float(value) -> float:
+    """A float as config.json writes it: a number, "inf"/"Infinity", or transformers 5's {"__float__": "Infinity"}."""
+    if isinstance(value, dict) and "__float__" in value:
+        value = value["__float__"]
+    return float(value)
+
+
+def read_config(raw: dict) -> Mamba2Config:
+    """A transformers Mamba2Config's config.json (defaults filled in) -> our config."""
+    if raw["hidden_act"] not in ACTIVATIONS:
+        raise ValueError(f"mamba2 hidden_act {raw['hidden_act']!r} is not implemented (only silu)")
+    if raw.get("rms_norm") is False:  # a mamba_ssm option: no norm at all, y * SiLU(z)
+        raise ValueError("mamba2 with rms_norm false (no gated RMSNorm) is not implemented")
+    # The scan's chunks are the checkpoint's (256 in the released ones) but at most MAX_SCAN_CHUNK: any size gives
+    # the same result, and in a 2,000-token prefill of the 130m shape on 2 CPU cores chunks of 64 took 5.1 CPU s
+    # where 256 took 7.9 (benchmarks/mamba2_prefill.py; likely cache misses: each head's (chunk x chunk) decay
+    # matrix is 16x larger at 256).
+    # config.json's norm_before_gate is not read: transformers' Mamba2 ignores the key and always gates first,
+    # and Mamba-Codestral's config says true for weights trained gating first (mamba_ssm's default).
+    return Mamba2Config(
+        vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"], num_layers=raw["num_hidden_layers"],
+        expand=raw["expand"], num_heads=raw["num_heads"], head_dim=raw["head_dim"], state_size=raw["state_size"],
+        n_groups=raw["n_groups"], conv_kernel=raw["conv_kernel"], use_bias=raw["use_bias"],
+        use_conv_bias=raw["use_conv_bias"], norm_eps=raw["layer_norm_epsilon"],
+        residual_in_fp32=raw["residual_in_fp32"],
+        time_step_limit=tuple(_json_float(v) for v in raw["time_step_limit"]),
+        chunk_size=min(raw["chunk_size"], MAX_SCAN_CHUNK),
+        tie_embeddings=raw["tie_word_embeddings"], extra={"hf_model_type": raw["model_type"]},
+    )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised in float32, back in x's dtype before the weight."""
+        h = x.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over groups of d_inner / n_groups channels, gated by SiLU(z), in float32."""
+
+    def __init__(self, size: int, n_groups: int, eps: float, norm_before_gate: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.n_groups, self.eps, self.norm_before_gate = n_groups, eps, norm_before_gate
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        gate = F.silu(z.float())
+        y = y.float() if self.norm_before_gate else y.float() * gate
+        groups = y.unflatten(-1, (self.n_groups, -1))
+        y = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
+        return self.weight * (y * gate if self.norm_before_gate else y)
+
+
+class Mamba2Mixer(nn.Module):
+    def __init__(self, config: Mamba2Config):
+        super().__init__()
+        c = self.config = config
+        self.in_proj = nn.Linear(c.hidden_size, c.intermediate_size + c.conv_dim + c.num_heads, bias=c.use_bias)
+        self.conv1d = nn.Conv1d(c.conv_dim, c.conv_dim, c.conv_kernel, groups=c.conv_dim, bias=c.use_conv_bias)
+        self.dt_bias = nn.Parameter(torch.zeros(c.num_heads))
+        self.A_log = nn.Parameter(torch.zeros(c.num_heads))  # A = -exp(A_log): each head's decay rate
+        self.D = nn.Parameter(torch.ones(c.num_heads))
+        self.norm = GatedRMSNorm(c.intermediate_size, c.n_groups, c.norm_eps, c.norm_before_gate)
+        self.out_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.use_bias)
+
+    def forward(self, h: torch.Tensor, window: torch.Tensor, ssm: torch.Tensor, real: torch.Tensor | None,
+                window_index: torch.Tensor | None):
+        """h (B, Q, hidden) after `window` (B, d_conv - 1, conv_dim) and `ssm` (B, heads, head_dim, d_state).
+        `real` (B, Q) bool marks real tokens (None: all are); `window_index` (B, d_conv - 1) where each row's
+        new window sits in [window; inputs] (None: the last d_conv - 1). -> (out, new window, new ssm)."""
+        c = self.config
+        steps = h.shape[1]
+        z, xbc, dt = self.in_proj(h).split([c.intermediate_size, c.conv_dim, c.num_heads], dim=-1)
+        full = torch.cat([window.to(xbc.dtype), xbc], dim=1)  # (B, d_conv - 1 + Q, conv_dim)
+        if window_index is None:
+            new_window = full[:, steps:]
+        else:
+            new_window = full.gather(1, window_index[..., None].expand(-1, -1, c.conv_dim))
+        xbc = F.silu(self.conv1d(full.transpose(1, 2)).transpose(1, 2))  # (B, Q, conv_dim)
+        x, B, C = xbc.float().split([c.intermediate_size, c.n_groups * c.state_size, c.n_groups * c.state_size], -1)
+        x = x.unflatten(-1, (c.num_heads, c.head_dim))
+        B, C = B.unflatten(-1, (c.n_groups, c.state_size)), C.unflatten(-1, (c.n_groups, c.state_size))
+        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*c.time_step_limit)
+        if real is not None:
+            dt = dt * real[..., None]  # dt = 0: a padding position leaves the state as it was
+        A = -torch.exp(self.A_log.float())
+        if steps == 1:
+            y, ssm = ssd_step(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], ssm)
+            y = y[:, None]
+        else:
+            y, ssm = ssd_chunked(x, dt, A, B, C, ssm, c.chunk_size)
+        y = (y + self.D.float()[:, None] * x).flatten(-2)  # (B, Q, d_inner)
+        return self.out_proj(self.norm(y, z).to(h.dtype)), new_window, ssm
+
+
+class Mamba2Block(nn.Module):
+    def __init__(self, config: Mamba2Config):
+        super().__init__()
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.mixer = Mamba2Mixer(config)
+
+
+class Mamba2Backbone(nn.Module):
+    def __init__(self, config: Mamba2Config):
+        super().__init__()
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Mamba2Block(config) for _ in range(config.num_layers))
+        self.norm_f = RMSNorm(config.hidden_size, config.norm_eps)
+
+
+class Mamba2LanguageModel(nn.Module):
+    state_kind = SlotState.kind
+
+    def __init__(self, config: Mamba2Config):
+        super().__init__()
+        self.config = config
+        self.backbone = Mamba2Backbone(config)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def _run(self, h: torch.Tensor, read, write, real: torch.Tensor | None,
+             window_index: torch.Tensor | None) -> torch.Tensor:
+        """(B, Q, hidden) embeddings through every layer: `read(i)` gives layer i's (window, ssm) state,
+        `write(i, window, ssm)` takes its new one. -> (B, Q, hidden) after the final norm."""
+        residual = h.float() if self.config.residual_in_fp32 else h
+        for i, block in enumerate(self.backbone.layers):
+            out, window, ssm = block.mixer(block.norm(residual.to(h.dtype)), *read(i), real, window_index)
+            write(i, window, ssm)
+            residual = residual + out
+        return self.backbone.norm_f(residual)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        weight = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h.to(weight.dtype), weight).float()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, V) logits, from an empty state."""
+        c, like, batch = self.config, self.backbone.embeddings.weight, tokens.shape[0]
+
+        def read(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return (like.new_zeros(batch, c.conv_kernel - 1, c.conv_dim),
+                    torch.zeros(batch, c.num_heads, c.head_dim, c.state_size, device=like.device))
+
+        h = self._run(self.backbone.embeddings(tokens), read, lambda *_: None, None, None)
+        return self._logits(h)
+
+    def new_state(self, num_slots: int, dtype: torch.dtype | None = None) -> SlotState:
+        """Per slot: "conv" (layers, d_conv - 1, conv_dim) in `dtype` (default: the weights'), "ssm" (layers,
+        heads, head_dim, d_state) in float32."""
+        c, like = self.config, self.backbone.embeddings.weight
+        conv = torch.zeros(num_slots, c.num_layers, c.conv_kernel - 1, c.conv_dim, dtype=dtype or like.dtype,
+                           device=like.device)
+        ssm = torch.zeros(num_slots, c.num_layers, c.num_heads, c.head_dim, c.state_size, dtype=torch.float32,
+                          device=like.device)
+        return SlotState({"conv": conv, "ssm": ssm})
+
+    @torch.inference_mode()
+    def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
+        """Run the new tokens of each sequence from its slot; update the slots in place."""
+        slots, width = batch.slots, self.config.conv_kernel - 1
+        real = window_index = None
+        if batch.max_query_len > 1:  # sequences of different lengths: padding must not reach the state
+            lens = to_device(batch.query_lens, batch.token_ids.device, torch.long)
+            real = torch.arange(batch.max_query_len, device=lens.device) < lens[:, None]
+            window_index = lens[:, None] + torch.arange(width, device=lens.device)  # the last real inputs
+
+        conv, ssm = state["conv"], state["ssm"]
+
+        def read(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return conv[:, i][slots], ssm[:, i][slots]
+
+        def write(i: int, new_window: torch.Tensor, new_ssm: torch.Tensor) -> None:
+            conv[:, i][slots] = new_window
+            ssm[:, i][slots] = new_ssm
+
+        h = self._run(batch.pad(self.backbone.embeddings(batch.token_ids)), read, write, real, window_index)
+        h = batch.unpad(h)
+        if batch.logits_indices is not None:
+            h = h[batch.logits_indices]
+        return self._logits(h)
