@@ -19,6 +19,8 @@ import torch
 from . import lfm2
 from .mamba2 import read_config as read_mamba2_config
 from .transformer import TransformerConfig
+from .xlstm import HF_DEFAULTS as XLSTM_DEFAULTS
+from .xlstm import read_hf_config as _xlstm
 
 log = logging.getLogger("quill.models")
 
@@ -229,4 +231,5 @@ FAMILIES: dict[str, Family] = {
         "head_dim": 64, "state_size": 128, "n_groups": 8, "conv_kernel": 4, "use_bias": False,
         "use_conv_bias": True, "hidden_act": "silu", "layer_norm_epsilon": 1e-5, "residual_in_fp32": True,
         "time_step_limit": [0.0, float("inf")], "chunk_size": 256, "tie_word_embeddings": False}),
+    "xlstm": Family(_xlstm, None, prefix="backbone.", defaults=XLSTM_DEFAULTS, architecture="xlstm"),
 }

@@ -7,6 +7,7 @@ from .lstm import LSTMConfig, LSTMLanguageModel
 from .mamba2 import Mamba2Config, Mamba2LanguageModel
 from .scripted import ScriptedConfig, ScriptedModel
 from .transformer import TransformerConfig, TransformerLanguageModel
+from .xlstm import XLSTMConfig, XLSTMLanguageModel
 
 ARCHITECTURES = {
     "lstm": (LSTMConfig, LSTMLanguageModel),
@@ -15,5 +16,6 @@ ARCHITECTURES = {
     "transformer": (TransformerConfig, TransformerLanguageModel),
     "lfm2": (Lfm2Config, Lfm2LanguageModel),  # Hugging Face LFM2: conv windows in slots, K,V in blocks
     "mamba2": (Mamba2Config, Mamba2LanguageModel),  # Hugging Face Mamba2ForCausalLM
+    "xlstm": (XLSTMConfig, XLSTMLanguageModel),  # Hugging Face xLSTMForCausalLM, read by models.hf_families
     "scripted": (ScriptedConfig, ScriptedModel),  # no compute: for measuring the engine and the server
 }
