@@ -17,7 +17,7 @@ Decode is one recurrent step; a prefill chunk (from any saved state) runs the ch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,7 @@ from torch import nn
 
 from . import mlstm
 from .batch import StepBatch
+from .host_copy import to_device
 from .state import SlotState
 
 WEIGHT_MODES = ("single", "fused")  # q, k, v, gates as separate matrices or concatenated ones
@@ -106,24 +107,22 @@ class MultiHeadLayerNorm(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-@dataclass
-class Rows:
-    """How the packed tokens (T, ...) of a step sit in the cell's right-padded rows (B, Q, ...)."""
-
-    pad: Callable[[torch.Tensor], torch.Tensor]
-    unpad: Callable[[torch.Tensor], torch.Tensor]
-    valid: torch.Tensor | None  # (B, Q) False at padding; None: no padding
-
-    @classmethod
-    def of(cls, batch: StepBatch) -> "Rows":
-        valid = None
-        if len(set(batch.query_lens)) > 1:  # host list: no device sync
-            valid = batch.pad(torch.ones(batch.num_tokens, dtype=torch.bool, device=batch.token_ids.device))
-        return cls(batch.pad, batch.unpad, valid)
-
-    @classmethod
-    def full(cls, num_seqs: int, length: int) -> "Rows":
-        return cls(lambda x: x.view(num_seqs, length, *x.shape[1:]), lambda x: x.flatten(0, 1), None)
+def cell_parts(batch: StepBatch) -> list[tuple[StepBatch, torch.Tensor | None]]:
+    """The step's sequences as the cell runs them, each part with the packed tokens it holds (None: all, in order).
+    One part, unless the step mixes one-token sequences with longer ones: then those run the recurrent step and the
+    others the chunkwise form, so that a decode row is not padded to the longest chunk (nor costs its work)."""
+    lengths = batch.query_lens
+    if batch.max_query_len == 1 or min(lengths) > 1:
+        return [(batch, None)]
+    starts = list(accumulate(lengths, initial=0))
+    device = batch.token_ids.device
+    parts = []
+    for seqs in ([s for s, n in enumerate(lengths) if n == 1], [s for s, n in enumerate(lengths) if n > 1]):
+        tokens = to_device([t for s in seqs for t in range(starts[s], starts[s + 1])], device, torch.long)
+        part = StepBatch(token_ids=batch.token_ids[tokens], positions=batch.positions[tokens],
+                         query_lens=[lengths[s] for s in seqs], slots=batch.slots[to_device(seqs, device, torch.long)])
+        parts.append((part, tokens))
+    return parts
 
 
 class MLSTMLayer(nn.Module):
@@ -155,23 +154,40 @@ class MLSTMLayer(nn.Module):
             i, f = self.ifgate_preact(x).split([c.n_heads, c.n_heads], dim=-1)
         return q, k, v, o, soft_cap(i, c.gate_soft_cap), soft_cap(f, c.gate_soft_cap)
 
-    def forward(self, x: torch.Tensor, state: mlstm.State, rows: Rows) -> tuple[torch.Tensor, mlstm.State]:
-        """(T, D) packed tokens from `state` (each (B, H, ...)) -> (T, D) and the state after each row."""
-        c = self.config
+    def forward(self, x: torch.Tensor, state: SlotState, block: int, parts) -> torch.Tensor:
+        """(T, D) packed tokens -> (T, D); each sequence's state of this `block` read from its slot and written
+        back. `parts`: `cell_parts` of the step."""
         q, k, v, o, i, f = self._project(x)
+        h = None
+        for part, tokens in parts:
+            pick = (lambda t: t) if tokens is None else (lambda t: t[tokens])
+            h_part = self._cell(pick(q), pick(k), pick(v), pick(i), pick(f), state, block, part)
+            if tokens is None:
+                h = h_part
+            else:
+                h = h_part.new_empty((x.shape[0], *h_part.shape[1:])) if h is None else h
+                h[tokens] = h_part
+        h = self.multihead_norm(h)  # (T, v_dim) in the model's dtype
+        return self.out_proj(torch.sigmoid(o) * h)
 
-        dtype = state[0].dtype  # float32, or float64 in tests
+    def _cell(self, q, k, v, i, f, state: SlotState, block: int, part: StepBatch) -> torch.Tensor:
+        """The mLSTM over one part's packed tokens -> h (T, H, Dv); the part's slots updated in place."""
+        c = self.config
+        where = (part.slots, block)
+        old = tuple(state[name][where] for name in STATE_NAMES)  # each (B, H, ...)
+        dtype = old[0].dtype  # float32, or float64 in tests
 
-        def heads(t: torch.Tensor) -> torch.Tensor:  # (T, H * d) -> (B, H, Q, d)
-            return rows.pad(t.to(dtype).view(t.shape[0], c.n_heads, -1)).transpose(1, 2)
+        def heads(t: torch.Tensor) -> torch.Tensor:  # (T, H * d) or (T, H) -> (B, H, Q, d) or (B, H, Q)
+            return part.pad(t.to(dtype).view(t.shape[0], c.n_heads, -1)).transpose(1, 2)
 
-        i, f = rows.pad(i.to(dtype)).transpose(1, 2), rows.pad(f.to(dtype)).transpose(1, 2)  # (B, H, Q)
-        if rows.valid is not None:  # padding: no input, forget nothing (log sigmoid(inf) = 0)
-            padding = ~rows.valid.unsqueeze(1)
+        i, f = heads(i).squeeze(-1), heads(f).squeeze(-1)
+        if len(set(part.query_lens)) > 1:  # padding: no input, forget nothing (log sigmoid(inf) = 0)
+            padding = ~part.pad(torch.ones_like(part.token_ids, dtype=torch.bool)).unsqueeze(1)
             i, f = i.masked_fill(padding, float("-inf")), f.masked_fill(padding, float("inf"))
-        h, state = mlstm.sequence(heads(q), heads(k), heads(v), i, f, state, c.eps, c.chunk_size)
-        h = self.multihead_norm(rows.unpad(h.transpose(1, 2)))  # (T, v_dim) in the model's dtype
-        return self.out_proj(torch.sigmoid(o) * h), state
+        h, new = mlstm.sequence(heads(q), heads(k), heads(v), i, f, old, c.eps, c.chunk_size)
+        for name, tensor in zip(STATE_NAMES, new):
+            state[name][where] = tensor
+        return part.unpad(h.transpose(1, 2))
 
 
 class FeedForward(nn.Module):
@@ -204,10 +220,9 @@ class XLSTMBlock(nn.Module):
         self.norm_ffn = RMSNorm(config.d_model, config.norm_eps, config.use_bias)
         self.ffn = FeedForward(config)
 
-    def forward(self, x: torch.Tensor, state: mlstm.State, rows: Rows) -> tuple[torch.Tensor, mlstm.State]:
-        y, state = self.mlstm_layer(self.norm_mlstm(x), state, rows)
-        x = x + y
-        return x + self.ffn(self.norm_ffn(x)), state
+    def forward(self, x: torch.Tensor, state: SlotState, index: int, parts) -> torch.Tensor:
+        x = x + self.mlstm_layer(self.norm_mlstm(x), state, index, parts)
+        return x + self.ffn(self.norm_ffn(x))
 
 
 class XLSTMBackbone(nn.Module):
@@ -245,27 +260,27 @@ class XLSTMLanguageModel(nn.Module):
         logits = self.lm_head(self.backbone.out_norm(x)).float()
         return soft_cap(logits, self.config.output_logit_soft_cap)
 
+    def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
+        """(T, D) top hidden states of the step's tokens; the slots updated in place, one block at a time (for
+        xLSTM-7b a block's C is 4 MiB a sequence, the whole state 128 MiB)."""
+        parts = cell_parts(batch)
+        x = self.backbone.embeddings(batch.token_ids)
+        for index, block in enumerate(self.backbone.blocks):
+            x = block(x, state, index, parts)
+        return x
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits, from an empty state."""
         num_seqs, length = tokens.shape
-        rows = Rows.full(num_seqs, length)
-        x = self.backbone.embeddings(tokens.flatten())
-        empty = self.new_state(num_seqs)
-        for index, block in enumerate(self.backbone.blocks):
-            x, _ = block(x, tuple(empty[name][:, index] for name in STATE_NAMES), rows)
-        return self._logits(x).view(num_seqs, length, -1)
+        device = tokens.device
+        batch = StepBatch(token_ids=tokens.flatten(), positions=torch.arange(length, device=device).repeat(num_seqs),
+                          query_lens=[length] * num_seqs, slots=torch.arange(num_seqs, device=device))
+        return self._logits(self._hidden(batch, self.new_state(num_seqs))).view(num_seqs, length, -1)
 
     @torch.inference_mode()
     def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
         """Run the new tokens of each sequence from its slot; update the slots in place."""
-        rows = Rows.of(batch)
-        x = self.backbone.embeddings(batch.token_ids)  # (T, D)
-        for index, block in enumerate(self.backbone.blocks):
-            # One block's state at a time: for xLSTM-7b a block's C is 4 MiB a sequence, the whole state 128 MiB.
-            where = (batch.slots, index)
-            x, new = block(x, tuple(state[name][where] for name in STATE_NAMES), rows)
-            for name, tensor in zip(STATE_NAMES, new):
-                state[name][where] = tensor
+        x = self._hidden(batch, state)
         if batch.logits_indices is not None:
             x = x[batch.logits_indices]
         return self._logits(x)

@@ -174,11 +174,11 @@ def test_mixed_batch_of_prefills_and_decodes_equals_each_alone(model):
 
 
 def test_padding_does_not_change_a_short_sequences_state(model):
-    """A one-token sequence beside a long chunk: its slot holds what a decode step alone leaves."""
-    long, short = tokens(CHUNK + 11, 20), tokens(4, 21)
+    """A two-token sequence padded to a long chunk's length: its slot holds what its two tokens alone leave."""
+    long, short = tokens(CHUNK + 11, 20), tokens(2, 21)
     together, alone = model.new_state(2), model.new_state(2)
-    run(model, together, [0, 1], [long, short[:1]], [0, 0])
-    run(model, alone, [1], [short[:1]], [0])
+    run(model, together, [0, 1], [long, short], [0, 0])
+    run(model, alone, [1], [short], [0])
     for name in together.tensors:
         torch.testing.assert_close(together[name][1], alone[name][1], **state_tolerance(model))
 
@@ -290,3 +290,16 @@ def test_a_refused_checkpoint_fails_to_load_naming_the_option(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**raw, "tie_word_embeddings": True}))
     with pytest.raises(CheckpointError, match="tie_word_embeddings"):
         load_checkpoint(tmp_path, device="cpu", dtype="float32")
+
+
+def test_decode_steps_replayed_as_graphs_give_the_eager_answers(sharp_pair):
+    """The decode step is capturable: under the CPU emulation of CUDA graphs (which refuses host syncs in capture)
+    the engine answers as it does eagerly."""
+    from tests.server.engine.test_graphs import ARRIVALS, assert_same_answers, make_engine, record_replays, run_arrivals
+
+    loaded = sharp_pair[1]
+    expected = run_arrivals(make_engine(loaded, graphs=False), ARRIVALS)
+    engine = make_engine(loaded, graphs=True)
+    replays = record_replays(engine)
+    assert_same_answers(run_arrivals(engine, ARRIVALS), expected)
+    assert any(real < size for real, size in replays), replays  # replayed, with padding rows
