@@ -46,14 +46,18 @@ def build(shape: dict, chunk_size: int):
     return reference.requires_grad_(False), ours
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def interleaved_seconds(contenders: dict, repeats: int) -> dict:
+    """name -> {"median", "best"} seconds of each callable, run in turn each repeat (after one warm-up each), so
+    that other work on the machine slows them alike."""
+    for fn in contenders.values():
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: {"median": statistics.median(t), "best": min(t)} for name, t in times.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -63,7 +67,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny shape and prompt: checks that it runs")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     shape, length = (SMOKE_SHAPE, 40) if args.smoke else (SHAPE, args.tokens)
     reference, ours = build(shape, args.chunk_size)
     prompt = torch.randint(0, shape["vocab_size"], (length,), generator=torch.Generator().manual_seed(1))
@@ -84,10 +91,10 @@ def main(argv: list[str] | None = None) -> dict:
         with torch.no_grad():
             return reference(prompt[None], use_cache=True)
 
-    results["quill_prefill_last_s"] = median_seconds(quill_prefill("last"), args.repeats)
-    results["quill_prefill_all_s"] = median_seconds(quill_prefill("all"), args.repeats)
-    results["transformers_forward_s"] = median_seconds(transformers_prefill, args.repeats)
-    results["speedup_like_for_like"] = results["transformers_forward_s"] / results["quill_prefill_all_s"]
+    prefill = interleaved_seconds({"quill_last": quill_prefill("last"), "quill_all": quill_prefill("all"),
+                                   "transformers": transformers_prefill}, args.repeats)
+    results["prefill_s"] = prefill
+    results["prefill_speedup_like_for_like"] = prefill["transformers"]["median"] / prefill["quill_all"]["median"]
 
     # one decode step after the prompt, each from its own saved state
     state = ours.new_state(1)
@@ -108,8 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
         with torch.no_grad():
             return reference(torch.tensor([[7]]), cache_params=cache, use_cache=True).logits[0, -1]
 
-    results["quill_decode_ms"] = 1e3 * median_seconds(quill_decode, 5 * args.repeats)
-    results["transformers_decode_ms"] = 1e3 * median_seconds(transformers_decode, 5 * args.repeats)
+    decode_s = interleaved_seconds({"quill": quill_decode, "transformers": transformers_decode}, 5 * args.repeats)
+    results["decode_ms"] = {name: {k: 1e3 * v for k, v in t.items()} for name, t in decode_s.items()}
     results["decode_logits_max_difference"] = float((quill_decode()[0] - transformers_decode()).abs().max())
     results["state_bytes_per_sequence"] = state.bytes_per_slot
     results["load_average_end"] = load_average()
