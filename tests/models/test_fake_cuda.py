@@ -41,6 +41,7 @@ HF_CONFIGS = {
     "gemma": dict(model_type="gemma", **_LLAMA_LIKE),
     "mamba2": dict(model_type="mamba2", vocab_size=V, hidden_size=16, num_hidden_layers=1, num_heads=4, head_dim=8,
                    state_size=8, n_groups=2, chunk_size=4),
+    "xlstm": dict(model_type="xlstm", vocab_size=V, hidden_size=64, num_blocks=1, num_heads=4, chunk_size=4),
 }
 
 
