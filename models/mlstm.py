@@ -11,8 +11,12 @@ original xlstm package, and every path below keeps that convention, so a state s
 
 Two exact forms of the same recurrence: `step` (one token, the decode step) and `chunk` (many tokens from a saved
 state at once: unrolled, the weight of token s in the state after token t is exp(b_t - b_s + i_s - m_t) with b the
-running sum of log forget gates). Everything here is float32: the gates are exponentials and the memory a sum over
-the whole history, which half precision would round away.
+running sum of log forget gates). Both run in the state's dtype, float32 whatever the model's (float64 in tests):
+the gates are exponentials and the memory a sum over the whole history, which half precision would round away.
+
+Why the chunkwise form for prefill: for 2,000 tokens of 4 heads (64 x 128) it takes 14 ms a block where a loop of
+`step` takes 175 ms (2-core CPU), with the same float32 error (6-7e-5 of each row's scale against float64; in
+float64 the two agree to 2e-11). Pieces of 32 to 128 tokens cost the same; the (L, L) weights grow with L.
 """
 
 from __future__ import annotations
