@@ -229,13 +229,14 @@ def engine(loaded) -> EngineCore:
 def test_engine_greedy_matches_transformers_generate(sharp_pair):
     reference, loaded = sharp_pair
     e = engine(loaded)
-    for i, prompt in enumerate(PROMPTS):
+    prompts = PROMPTS + PROMPTS[2:]  # the repeat starts from a copied prefix snapshot
+    for i, prompt in enumerate(prompts):
         e.add_request(f"greedy{i}", prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     results = run_to_completion(e)
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(prompts):
         want = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, min_new_tokens=12)
         assert results[f"greedy{i}"][0]["token_ids"] == want[0, len(prompt):].tolist(), i
-    assert e.cache.usage == 0
+    assert e.cache.prefix_hits > 0 and e.cache.usage == 0
 
 
 def test_engine_beam_search_matches_transformers_generate(sharp_pair):
