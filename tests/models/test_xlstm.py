@@ -278,11 +278,17 @@ def test_unsupported_options_are_refused(changes, words):
         read_hf_config(config_json(**changes))
 
 
-def test_the_7b_shape_reads_with_transformers_defaults():
+def test_the_7b_shape_reads_with_transformers_defaults_and_its_state_size():
+    from models.xlstm import XLSTMLanguageModel
+
     config = read_hf_config({**HF_DEFAULTS, "model_type": "xlstm", "embedding_dim": 4096, "num_blocks": 32,
                              "chunkwise_kernel": "chunkwise--triton_xl_chunk", "step_kernel": "triton"})
     assert (config.d_model, config.n_blocks, config.n_heads, config.qk_dim, config.v_dim, config.ffn_dim) == (
         4096, 32, 8, 2048, 4096, 10944)
+    with torch.device("meta"):
+        model = XLSTMLanguageModel(config).to(torch.bfloat16)
+    assert model.new_state(1).bytes_per_slot == 32 * 8 * (256 * 512 + 256 + 1) * 4 == 134_480_896  # float32
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(6.87e9, rel=0.01)
 
 
 def test_a_refused_checkpoint_fails_to_load_naming_the_option(tmp_path):
