@@ -22,6 +22,15 @@ from tests.server.engine.helpers import run_to_completion
 CHUNK = 16  # the tiny checkpoint's chunk_size: prompts below cross several chunkwise pieces
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: these are many tiny ops, which two threads spinning on a shared machine slow 10-20x."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     directory = tmp_path_factory.mktemp("xlstm")
