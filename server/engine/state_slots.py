@@ -15,8 +15,9 @@ tokens before it: the SHA-256 chain of its full `interval`-token blocks (prefix.
 them. A new prompt resumes from its longest snapshotted prefix. Snapshots are evicted least recently used first when
 their slots are needed: the spare slots are the memory budget.
 
-`aligned` (a hybrid model, whose K,V blocks are reusable only whole): prefill chunks stop at every block boundary
-and snapshots are taken there only. A snapshot is keyed when its copy is queued, and taken back if the step that
+`aligned` (a hybrid model, whose K,V blocks are reusable only whole): snapshots are taken at block boundaries only,
+where a chunk ends on one, and a prompt's prefill stops at the last boundary before its end (and where prompts
+part) so that there is one. A snapshot is keyed when its copy is queued, and taken back if the step that
 carries the copy fails (unfinished_keys.py).
 """
 
@@ -119,10 +120,9 @@ class StateSlotManager:
                 self.snapshots.move_to_end(key)
                 self.keyed[seq_id] = (blocks, key[0])
             self.prefix_hits += found
-            if not self.aligned:
-                shared = self._remember(keys) * self.interval
-                if shared > found:
-                    self.stop_at[seq_id] = shared
+            shared = self._remember(keys) * self.interval
+            if shared > found:
+                self.stop_at[seq_id] = shared
         if snapshot is None:
             self.ops.append(CacheOp("reset", (), (slot,)))
         else:
@@ -139,14 +139,14 @@ class StateSlotManager:
 
     def chunk_limit(self, seq_id: int, num_computed: int, num_prompt_tokens: int) -> int | None:
         """Where the sequence's next prefill chunk must stop for a state to be saved there: the end of a prefix
-        earlier prompts share (aligned: every block boundary)."""
+        earlier prompts share (aligned: or the prompt's last block boundary)."""
         if not self.enable_prefix_caching or num_computed >= num_prompt_tokens - 1:
             return None
+        points = [self.stop_at.get(seq_id, 0)]
         if self.aligned:
-            next_point = (num_computed // self.interval + 1) * self.interval
-        else:
-            next_point = self.stop_at.get(seq_id, 0)
-        return next_point - num_computed if num_computed < next_point < num_prompt_tokens else None
+            points.append((num_prompt_tokens - 1) // self.interval * self.interval)
+        ahead = [point for point in points if num_computed < point < num_prompt_tokens]
+        return min(ahead) - num_computed if ahead else None
 
     def allocate(self, seq_id: int, num_computed: int, num_new_tokens: int) -> bool:
         return seq_id in self.slots  # the state is fixed-size: nothing grows
@@ -155,7 +155,7 @@ class StateSlotManager:
         """After a step: snapshot the state where a prefill chunk or the prompt ended (aligned: at a boundary)."""
         if not self.enable_prefix_caching or num_computed > num_prompt_tokens:
             return
-        if self.aligned and (num_computed % self.interval or num_computed == num_prompt_tokens):
+        if self.aligned and num_computed % self.interval:
             return
         self._snapshot(seq_id, token_ids, num_computed)
 

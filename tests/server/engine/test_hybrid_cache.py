@@ -8,6 +8,7 @@ from models.state import HybridState, PagedKVCache, SlotState
 from server.engine.cache_table import CacheTable
 from server.engine.hybrid_cache import HybridCacheManager
 from server.engine.kv_blocks import KVBlockManager
+from server.engine.prefix import block_keys
 from server.engine.state_kinds import KVBlocks, Slots, StateLayout
 from server.engine.state_slots import StateSlotManager
 from server.sampling import SamplingParams
@@ -56,16 +57,25 @@ def test_ops_say_which_state_they_change():
 def test_a_prefix_is_reused_only_where_both_kinds_hold_it():
     cache = manager()
     prompt = list(range(13))
-    run_prompt(cache, 1, prompt)
+    assert run_prompt(cache, 1, prompt[:9]) == 0  # saved at 8, its last block boundary
     cache.free(1)
-    assert run_prompt(cache, 2, prompt + [99]) == 12  # snapshots every 4 tokens, blocks of 4
+    assert run_prompt(cache, 2, prompt) == 8  # saved at 12
     cache.free(2)
+    assert run_prompt(cache, 3, prompt + [99]) == 12
+    cache.free(3)
     # Lose the K,V of the third block: the snapshot after it is of no use, the one before it is.
-    block = cache.kv.cached.pop(next(k for k, b in cache.kv.cached.items() if cache.kv.block_key[b] and b == 2))
-    cache.kv.block_key[block] = None
+    key = block_keys(prompt, BLOCK)[2]
+    cache.kv.block_key[cache.kv.cached.pop(key)] = None
     assert cache.kv.cached_prefix(prompt, 13) == 8
-    assert run_prompt(cache, 3, prompt + [98]) == 8
-    assert cache.prefix_hits == 12 + 8 and cache.prefix_queries == 13 + 14 + 14
+    assert run_prompt(cache, 4, prompt + [98]) == 8
+    assert cache.prefix_hits == 8 + 12 + 8 and cache.prefix_queries == 9 + 13 + 14 + 14
+
+
+def test_a_prompt_pauses_only_at_its_last_block_boundary():
+    cache = manager()
+    cache.admit(1, list(range(30)), 29)
+    assert cache.chunk_limit(1, 0, 30) == 28 and cache.chunk_limit(1, 5, 30) == 23
+    assert cache.chunk_limit(1, 28, 30) is None
 
 
 def test_layout_allocates_both_and_locates_each_sequences_share():

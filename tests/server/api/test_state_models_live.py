@@ -1,0 +1,147 @@
+"""State-space, xLSTM and short-convolution checkpoints served by the real server, through the openai client:
+completions against transformers, streaming, n > 1, beam search, stop strings, aborts, chat, and a second chat
+turn that resumes from the first turn's state."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+
+from benchmarks.soak import metric_values, wait_idle
+from tests.conftest import LiveServer
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+FAMILIES = {  # served name -> (module of tests/hf_state_models, config changes)
+    "mamba2": ("mamba2", {}),
+    "lfm2": ("lfm2", {"max_position_embeddings": 4096}),
+}
+PROMPT = "To be, or not to be"
+
+
+def greedy(reference, ids: list[int], steps: int) -> list[int]:
+    """Greedy tokens by full forwards without a cache (exact for every family)."""
+    ids = list(ids)
+    with torch.no_grad():
+        for _ in range(steps):
+            ids.append(int(reference(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[-steps:]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """served name -> (the transformers model, its directory)."""
+    out = {}
+    for name, (module, changes) in FAMILIES.items():
+        directory = tmp_path_factory.mktemp(name)
+        reference = importlib.import_module(f"tests.hf_state_models.{module}").save_tiny(directory, **changes)
+        (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+        out[name] = (reference, directory)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    with LiveServer({name: str(path) for name, (_, path) in served.items()}, "--max-num-seqs", "8") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def tokenizer_of(served, name):
+    from models.checkpoint import load_checkpoint
+
+    return load_checkpoint(served[name][1], device="cpu", dtype="float32", weights=False).tokenizer
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_greedy_completion_and_stream_equal_transformers(served, client, name):
+    reference, _ = served[name]
+    tokenizer = tokenizer_of(served, name)
+    prompt_ids = tokenizer.encode(PROMPT)
+    want = greedy(reference, prompt_ids, 12)
+    done = client.completions.create(model=name, prompt=PROMPT, max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert done.choices[0].text == tokenizer.decode(want)
+    stream = client.completions.create(model=name, prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    assert "".join(chunk.choices[0].text for chunk in stream) == done.choices[0].text
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_samples_beams_and_stop_strings(client, name):
+    sampled = client.completions.create(model=name, prompt=PROMPT, max_tokens=8, n=3, temperature=1.0, seed=7,
+                                        extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in sampled.choices) == [0, 1, 2]
+    again = client.completions.create(model=name, prompt=PROMPT, max_tokens=8, n=3, temperature=1.0, seed=7,
+                                      extra_body={"ignore_eos": True})
+    assert [c.text for c in again.choices] == [c.text for c in sampled.choices]  # seeded: reproducible
+    beams = client.completions.create(model=name, prompt=PROMPT, max_tokens=4, n=2, temperature=0,
+                                      extra_body={"use_beam_search": True, "best_of": 3, "ignore_eos": True})
+    assert len(beams.choices) == 2 and beams.choices[0].text != beams.choices[1].text
+    text = client.completions.create(model=name, prompt=PROMPT, max_tokens=20, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    stopped = client.completions.create(model=name, prompt=PROMPT, max_tokens=20, temperature=0, stop=[stop],
+                                        extra_body={"ignore_eos": True}).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.text == text[: text.index(stop)]
+
+
+def test_an_aborted_stream_frees_its_state(server, client):
+    stream = client.completions.create(model="mamba2", prompt=PROMPT, max_tokens=200, stream=True,
+                                       extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+
+    async def idle():
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            return await wait_idle(c)
+
+    assert all(v == 0 for v in asyncio.run(idle()).values())
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def first_token_seconds(client, name: str, messages: list[dict]) -> tuple[float, str]:
+    start = time.perf_counter()
+    first, text = None, ""
+    for chunk in client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
+                                                stream=True, extra_body={"ignore_eos": True}):
+        delta = chunk.choices[0].delta.content if chunk.choices else None
+        if delta:
+            first = first or time.perf_counter() - start
+            text += delta
+    return first, text
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_second_chat_turn_resumes_from_the_first(served, server, client, name):
+    tokenizer = tokenizer_of(served, name)
+    story = " ".join(f"line {i} of the play, spoken slowly;" for i in range(60))  # about 1,600 tokens
+    turn = [{"role": "user", "content": story}]
+
+    def hits() -> float:
+        return metric_values(httpx.get(f"{server.url}/metrics").text, "quill_prefix_cache_hits_total").get(name, 0)
+
+    before = hits()
+    first_ttft, answer = first_token_seconds(client, name, turn)
+    first_prompt = httpx.post(f"{server.url}/tokenize", json={"model": name, "messages": turn}).json()
+    assert hits() == before  # nothing of it was cached
+    turn += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And then?"}]
+    second_ttft, _ = first_token_seconds(client, name, turn)
+    reused = hits() - before
+    # At least the whole first prompt came from its saved state (a hybrid's: its whole K,V blocks of 4 tokens).
+    assert reused >= (first_prompt["count"] // 4 * 4 if name == "lfm2" else first_prompt["count"])
+    assert second_ttft < first_ttft / 2, (first_ttft, second_ttft)
+    assert len(tokenizer.encode(story)) > 1000
