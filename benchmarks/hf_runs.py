@@ -60,9 +60,11 @@ def generate_kwargs(options: dict, max_tokens: int) -> dict:
 
 
 @torch.inference_mode()
-def generate_batch(model, requests: list[TokenizedRequest], pad_id: int, streamer=None) -> int:
+def generate_batch(model, requests: list[TokenizedRequest], pad_id: int, streamer=None,
+                   tokens: dict[str, list[int]] | None = None) -> int:
     """One left-padded batch of one decoding setting, run to its longest max_tokens (a batch of one needs
-    no padding); returns the token positions computed (returned rows x new tokens)."""
+    no padding); returns the token positions computed (returned rows x new tokens). `tokens`, when given,
+    receives each request's generated ids (its first returned row's, cut to its max_tokens), by request id."""
     width = max(len(r.prompt_token_ids) for r in requests)
     ids = torch.full((len(requests), width), pad_id, dtype=torch.long)  # (B, T)
     mask = torch.zeros_like(ids)
@@ -75,16 +77,22 @@ def generate_batch(model, requests: list[TokenizedRequest], pad_id: int, streame
                          **generate_kwargs(requests[0].options, longest))
     if out.shape[1] - width != longest:
         raise RuntimeError(f"generate() stopped after {out.shape[1] - width} of {longest} tokens")
+    if tokens is not None:
+        first_rows = [sum(q.num_returned for q in requests[:i]) for i in range(len(requests))]
+        for row, r in zip(first_rows, requests):
+            tokens[r.request_id] = out[row, width:width + r.max_tokens].tolist()
     return longest * sum(r.num_returned for r in requests)
 
 
-def serial(model, requests: list[TokenizedRequest], pad_id: int) -> TimedRun:
-    """`generate()` one request at a time, each after the previous one finished (after short warm-ups)."""
+def serial(model, requests: list[TokenizedRequest], pad_id: int, tokens: dict[str, list[int]] | None = None,
+           ) -> TimedRun:
+    """`generate()` one request at a time, each after the previous one finished (after short warm-ups);
+    `tokens`: see `generate_batch`."""
     for warm in one_per_setting(requests):
         generate_batch(model, [warm], pad_id)
     start = time.perf_counter()
     for r in requests:
-        generate_batch(model, [r], pad_id)
+        generate_batch(model, [r], pad_id, tokens=tokens)
     return TimedRun(len(requests), num_generated(requests), num_prompt_tokens(requests), time.perf_counter() - start)
 
 

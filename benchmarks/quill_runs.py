@@ -82,11 +82,12 @@ def sampling_params(request: TokenizedRequest) -> SamplingParams:
 
 
 def drive(engine: EngineCore, requests: list[TokenizedRequest], concurrency: int | None = None, on_tokens=None,
-          log: StepLog | None = None) -> float:
+          log: StepLog | None = None, tokens: dict[str, list[int]] | None = None) -> float:
     """Step until every request finished, at most `concurrency` in flight (a new one enters when one
     finishes; None: all submitted at once); returns the peak cache usage.
 
-    `on_tokens()` is called after every step that produced tokens (for per-token timing).
+    `on_tokens()` is called after every step that produced tokens (for per-token timing). `tokens`, when given,
+    receives each request's generated token ids (its first sequence's), by request id.
     """
     waiting = list(reversed(requests))
     counts = {r.request_id: 0 for r in requests}
@@ -105,6 +106,8 @@ def drive(engine: EngineCore, requests: list[TokenizedRequest], concurrency: int
             if out.error:
                 raise RuntimeError(f"request {out.request_id} failed: {out.error}")
             counts[out.request_id] += sum(len(c.token_ids) for c in out.outputs)
+            if tokens is not None and out.outputs:
+                tokens.setdefault(out.request_id, []).extend(out.outputs[0].token_ids)
             in_flight -= out.finished
         if on_tokens is not None and outputs:
             on_tokens()
@@ -116,14 +119,14 @@ def drive(engine: EngineCore, requests: list[TokenizedRequest], concurrency: int
 
 
 def engine_throughput(engine: EngineCore, requests: list[TokenizedRequest], warmup: list[TokenizedRequest],
-                      concurrency: int | None = None) -> EngineRun:
+                      concurrency: int | None = None, tokens: dict[str, list[int]] | None = None) -> EngineRun:
     """`requests` stepped to completion, at most `concurrency` at a time (None: all submitted at once),
-    after a warm-up on other prompts."""
+    after a warm-up on other prompts; `tokens`: see `drive`."""
     drive(engine, warmup)
     preempted_before = engine.scheduler.num_preemptions
     log = StepLog()
     start = time.perf_counter()
-    peak = drive(engine, requests, concurrency, log=log)
+    peak = drive(engine, requests, concurrency, log=log, tokens=tokens)
     seconds = time.perf_counter() - start
     prefill = [s for s in log.steps if s[2] > s[1]]
     decode = [s for s in log.steps if s[2] == s[1]] or [(0.0, 0, 0)]
