@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from . import lfm2
+from . import lfm2, mamba
 from .mamba2 import read_config as read_mamba2_config
 from .transformer import TransformerConfig
 
@@ -229,4 +229,7 @@ FAMILIES: dict[str, Family] = {
         "head_dim": 64, "state_size": 128, "n_groups": 8, "conv_kernel": 4, "use_bias": False,
         "use_conv_bias": True, "hidden_act": "silu", "layer_norm_epsilon": 1e-5, "residual_in_fp32": True,
         "time_step_limit": [0.0, float("inf")], "chunk_size": 256, "tie_word_embeddings": False}),
+    # Our Mamba modules carry the checkpoint's names too (models/mamba.py); Falcon-Mamba is the same architecture.
+    "mamba": Family(mamba.read_config, None, defaults=mamba.DEFAULTS, architecture="mamba"),
+    "falcon_mamba": Family(mamba.read_config, None, defaults=mamba.FALCON_DEFAULTS, architecture="mamba"),
 }

@@ -4,6 +4,7 @@ from .fconv import FConvConfig, FConvLanguageModel
 from .gcnn import GCNNConfig, GCNNLanguageModel
 from .lfm2 import Lfm2Config, Lfm2LanguageModel
 from .lstm import LSTMConfig, LSTMLanguageModel
+from .mamba import MambaConfig, MambaLanguageModel
 from .mamba2 import Mamba2Config, Mamba2LanguageModel
 from .scripted import ScriptedConfig, ScriptedModel
 from .transformer import TransformerConfig, TransformerLanguageModel
@@ -15,5 +16,6 @@ ARCHITECTURES = {
     "transformer": (TransformerConfig, TransformerLanguageModel),
     "lfm2": (Lfm2Config, Lfm2LanguageModel),  # Hugging Face LFM2: conv windows in slots, K,V in blocks
     "mamba2": (Mamba2Config, Mamba2LanguageModel),  # Hugging Face Mamba2ForCausalLM
+    "mamba": (MambaConfig, MambaLanguageModel),  # Mamba-1 and Falcon-Mamba (Hugging Face checkpoints)
     "scripted": (ScriptedConfig, ScriptedModel),  # no compute: for measuring the engine and the server
 }
