@@ -115,10 +115,12 @@ class MambaMixer(nn.Module):
         self.D = nn.Parameter(torch.ones(c.d_inner))
         self.out_proj = nn.Linear(c.d_inner, c.d_model, bias=c.use_bias)
 
-    def forward(self, x: torch.Tensor, window: torch.Tensor, ssm: torch.Tensor, lengths: torch.Tensor | None):
+    def forward(self, x: torch.Tensor, window: torch.Tensor, ssm: torch.Tensor, lengths: torch.Tensor | None,
+                chunk: int | None = None):
         """x (R, Q, d_model) normed; window (R, d_inner, d_conv - 1) and ssm (R, d_inner, d_state) entering the
-        first token; `lengths` (R,) real tokens per row (the rest is padding), None: all Q are real
-        -> (R, Q, d_model) and the window and ssm state after each row's last real token."""
+        first token; `lengths` (R,) real tokens per row (the rest is padding), None: all Q are real; `chunk`: the
+        scan's positions per chunk (None: the device's choice) -> (R, Q, d_model) and the window and ssm state
+        after each row's last real token."""
         c = self.config
         num_tokens = x.shape[1]
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (R, Q, d_inner) each
@@ -138,7 +140,7 @@ class MambaMixer(nn.Module):
             if lengths is not None:  # dt 0 at padding: those positions leave the state as it was
                 real = torch.arange(num_tokens, device=x.device) < lengths.unsqueeze(1)  # (R, Q)
                 dt = dt * real.unsqueeze(-1)
-            y, ssm = selective_scan(u32, dt, A, B.float(), C.float(), ssm)
+            y, ssm = selective_scan(u32, dt, A, B.float(), C.float(), ssm, chunk)
         y = (y + u32 * self.D.float()) * F.silu(z)
         return self.out_proj(y.to(x.dtype)), window, ssm
 
@@ -174,6 +176,8 @@ class MambaLanguageModel(nn.Module):
         self.config = config
         self.backbone = MambaBackbone(config)  # transformers' names: backbone.layers.0.mixer.in_proj.weight, ...
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # Positions per chunk of a prefill's scan; None: chosen for the device (mamba_scan.chunk_length).
+        self.scan_chunk: int | None = None
 
     def _blocks(self, x: torch.Tensor, windows: torch.Tensor, ssms: torch.Tensor, lengths: torch.Tensor | None):
         """x (R, Q, d_model) embedded; windows (R, n_layers, d_inner, d_conv - 1), ssms (R, n_layers, d_inner,
@@ -181,7 +185,7 @@ class MambaLanguageModel(nn.Module):
         residual = x.float() if self.config.residual_in_fp32 else x
         new_windows, new_ssms = [], []
         for i, block in enumerate(self.backbone.layers):
-            out, window, ssm = block.mixer(block.norm(residual), windows[:, i], ssms[:, i], lengths)
+            out, window, ssm = block.mixer(block.norm(residual), windows[:, i], ssms[:, i], lengths, self.scan_chunk)
             residual = residual + out
             new_windows.append(window)
             new_ssms.append(ssm)

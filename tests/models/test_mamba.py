@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from models.batch import StepBatch
 from models.checkpoint import CheckpointError, load_checkpoint
-from models.mamba_scan import chunk_length
+from models.mamba_scan import selective_scan
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
@@ -35,6 +35,14 @@ def pair(request, tmp_path_factory):
     return reference, load_checkpoint(directory, device="cpu", dtype="float32")
 
 
+@pytest.fixture(params=[None, 5], ids=["device_scan", "chunked_scan"])
+def scan(request, pair):
+    """The prefill scan as the device runs it (on a CPU: a loop over the tokens), or in chunks of 5 (as on a GPU)."""
+    pair[1].model.scan_chunk = request.param
+    yield request.param
+    pair[1].model.scan_chunk = None
+
+
 def tokens(length: int, seed: int) -> list[int]:
     return torch.randint(0, V, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
@@ -43,11 +51,10 @@ def full_logits(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids]))[0]
 
 
-@pytest.mark.parametrize("length", [12, 100])  # one chunk, and several chunks of the scan
-def test_full_forward_matches_transformers(pair, length):
+@pytest.mark.parametrize("length", [1, 12, 100])
+def test_full_forward_matches_transformers(pair, scan, length):
     reference, loaded = pair
     batch = torch.randint(0, V, (3, length), generator=torch.Generator().manual_seed(length))
-    assert chunk_length(length) < length or length <= 16
     with torch.no_grad():
         expected = reference(batch).logits
     got = loaded.model(batch)
@@ -70,7 +77,7 @@ CHUNKINGS = {"ones": [1] * 50, "threes": [3] * 16, "sevens": [7] * 7, "whole": [
 
 
 @pytest.mark.parametrize("chunking", CHUNKINGS, ids=list(CHUNKINGS))
-def test_chunked_prefill_then_decode_equals_full_forward(pair, chunking):
+def test_chunked_prefill_then_decode_equals_full_forward(pair, scan, chunking):
     _, loaded = pair
     ids = tokens(60, seed=1)  # 50 prompt tokens in chunks, then 10 decode steps
     expected = full_logits(loaded.model, ids)
@@ -80,7 +87,7 @@ def test_chunked_prefill_then_decode_equals_full_forward(pair, chunking):
     assert not state["ssm"][[0, 1, 3]].any() and not state["conv"][[0, 1, 3]].any()  # other slots untouched
 
 
-def test_mixed_batch_equals_each_sequence_alone(pair):
+def test_mixed_batch_equals_each_sequence_alone(pair, scan):
     """Sequences prefilling chunks of various sizes and sequences decoding, in one StepBatch per step."""
     _, loaded = pair
     texts = [tokens(n, seed=10 + n) for n in (41, 23, 34, 9)]
@@ -104,7 +111,7 @@ def test_mixed_batch_equals_each_sequence_alone(pair):
         torch.testing.assert_close(torch.cat(got[i]), full_logits(loaded.model, text), atol=ATOL, rtol=0)
 
 
-def test_copied_slot_continues_like_a_fresh_prefill(pair):
+def test_copied_slot_continues_like_a_fresh_prefill(pair, scan):
     _, loaded = pair
     prefix, left, right = tokens(19, seed=4), tokens(11, seed=5), tokens(6, seed=6)
     state = loaded.model.new_state(5)
@@ -115,6 +122,24 @@ def test_copied_slot_continues_like_a_fresh_prefill(pair):
     for slot, text in ((1, left), (4, right)):
         expected = full_logits(loaded.model, prefix + text)[len(prefix):]
         torch.testing.assert_close(continued[slot], expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 16, 33])
+def test_chunked_scan_equals_token_loop(length):
+    """Chunks of any length give the token loop's outputs and end state; tokens with dt 0 change nothing."""
+    gen = torch.Generator().manual_seed(length)
+    rows, num_tokens, d_inner, d_state = 3, 41, 6, 4
+    u, B, C = (torch.randn(rows, num_tokens, n, generator=gen) for n in (d_inner, d_state, d_state))
+    dt = torch.rand(rows, num_tokens, d_inner, generator=gen)
+    dt[1, 30:] = 0  # row 1 ends at token 30: the rest is padding
+    A = -torch.rand(d_inner, d_state, generator=gen) * 4
+    start = torch.randn(rows, d_inner, d_state, generator=gen)
+    want_y, want_state = selective_scan(u, dt, A, B, C, start, length=num_tokens)
+    y, state = selective_scan(u, dt, A, B, C, start, length=length)
+    torch.testing.assert_close(y, want_y, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state, want_state, atol=1e-5, rtol=1e-5)
+    _, after_30 = selective_scan(u[1:2, :30], dt[1:2, :30], A, B[1:2, :30], C[1:2, :30], start[1:2], length=length)
+    torch.testing.assert_close(state[1:2], after_30, atol=1e-5, rtol=1e-5)
 
 
 # ---- engine ------------------------------------------------------------------------------------------
