@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from models.batch import StepBatch
 from models.checkpoint import CheckpointError, load_checkpoint
-from models.mamba_scan import selective_scan
+from models.mamba_scan import chunk_length, selective_scan
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
@@ -140,6 +140,27 @@ def test_chunked_scan_equals_token_loop(length):
     torch.testing.assert_close(state, want_state, atol=1e-5, rtol=1e-5)
     _, after_30 = selective_scan(u[1:2, :30], dt[1:2, :30], A, B[1:2, :30], C[1:2, :30], start[1:2], length=length)
     torch.testing.assert_close(state[1:2], after_30, atol=1e-5, rtol=1e-5)
+
+
+def test_steps_stay_on_cuda():
+    """bfloat16 steps on (fake) CUDA, where a long prefill runs the chunked scan: devices, shapes and dtypes."""
+    from models.mamba import MambaConfig, MambaLanguageModel
+    from tests.fake_cuda import CUDA, assert_on_cuda, fake_cuda, fake_model
+
+    assert chunk_length(40, torch.device("cuda")) < 20  # several chunks, the last one partly padding
+    with fake_cuda():
+        model = fake_model(MambaLanguageModel, MambaConfig(vocab_size=V, d_model=16, n_layers=1, d_state=4,
+                                                          d_inner=32, dt_rank=2), torch.bfloat16)
+        state = model.new_state(3)
+        batch = StepBatch.build([[7] * 40, [8] * 3, [9]], [0, 0, 5], slots=[0, 1, 2], logits="all", device=CUDA)
+        logits = model.step(batch, state)
+        assert_on_cuda(logits, *state.tensors.values())
+        assert logits.shape == (44, V) and logits.dtype == torch.float32
+        assert state["ssm"].dtype == torch.float32 and state["conv"].dtype == torch.bfloat16
+        state.copy([0], [2])  # a fork, then a decode step (the path CUDA graphs capture)
+        logits = model.step(StepBatch.build([[1], [2], [3]], [40, 3, 40], slots=[0, 1, 2], device=CUDA), state)
+        assert_on_cuda(logits, *state.tensors.values())
+        assert logits.shape == (3, V)
 
 
 # ---- engine ------------------------------------------------------------------------------------------
