@@ -79,7 +79,8 @@ def read_config(raw: dict) -> MambaConfig:
         dt_rank=math.ceil(raw["hidden_size"] / 16) if rank == "auto" else int(rank),
         norm_eps=raw["layer_norm_epsilon"], use_bias=raw["use_bias"], use_conv_bias=raw["use_conv_bias"],
         residual_in_fp32=raw["residual_in_fp32"], tie_embeddings=raw["tie_word_embeddings"],
-        bcdt_norm=raw["model_type"] == "falcon_mamba", mixer_norm_eps=raw.get("mixer_rms_eps", FALCON_DEFAULTS["mixer_rms_eps"]),
+        bcdt_norm=raw["model_type"] == "falcon_mamba",
+        mixer_norm_eps=raw.get("mixer_rms_eps", FALCON_DEFAULTS["mixer_rms_eps"]),
         extra={"hf_model_type": raw["model_type"]},
     )
 

@@ -16,12 +16,14 @@ transformers = pytest.importorskip("transformers")
 
 from models.batch import StepBatch
 from models.checkpoint import CheckpointError, load_checkpoint
+from models.hf import config_from_hf
+from models.mamba import MambaConfig, MambaLanguageModel
 from models.mamba_scan import chunk_length, selective_scan
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.hf_state_models.mamba import MODEL_TYPES, V, save_tiny
-from tests.server.engine.graph_emulation import EmulatedGraphs
+from tests.server.engine.graph_emulation import EmulatedGraphs, HostSyncGuard
 from tests.server.engine.helpers import run_to_completion
 
 ATOL = 2e-5
@@ -144,7 +146,6 @@ def test_chunked_scan_equals_token_loop(length):
 
 def test_steps_stay_on_cuda():
     """bfloat16 steps on (fake) CUDA, where a long prefill runs the chunked scan: devices, shapes and dtypes."""
-    from models.mamba import MambaConfig, MambaLanguageModel
     from tests.fake_cuda import CUDA, assert_on_cuda, fake_cuda, fake_model
 
     assert chunk_length(40, torch.device("cuda")) < 20  # several chunks, the last one partly padding
@@ -161,6 +162,17 @@ def test_steps_stay_on_cuda():
         logits = model.step(StepBatch.build([[1], [2], [3]], [40, 3, 40], slots=[0, 1, 2], device=CUDA), state)
         assert_on_cuda(logits, *state.tensors.values())
         assert logits.shape == (3, V)
+
+
+def test_decode_step_has_no_host_sync(pair):
+    """What CUDA graph capture refuses (reading device values, tensors from host data) is absent from a decode
+    step, once its batch is built."""
+    _, loaded = pair
+    state = loaded.model.new_state(3)
+    run_chunks(loaded.model, state, 0, tokens(9, seed=30), [9])
+    batch = StepBatch.build([[7], [8]], [9, 0], slots=[0, 1])
+    with HostSyncGuard():
+        loaded.model.step(batch, state)
 
 
 # ---- engine ------------------------------------------------------------------------------------------
@@ -235,6 +247,45 @@ def test_bfloat16_load_stays_close(pair, tmp_path):
     with torch.no_grad():
         expected = reference(batch).logits
     torch.testing.assert_close(low(batch), expected, atol=0.1, rtol=0)
+
+
+# The released config.json files of state-spaces/mamba-130m-hf and tiiuae/falcon-mamba-7b (as on the hub).
+MAMBA_130M = {
+    "architectures": ["MambaForCausalLM"], "bos_token_id": 0, "conv_kernel": 4, "d_inner": 1536, "d_model": 768,
+    "eos_token_id": 0, "expand": 2, "fused_add_norm": True, "hidden_act": "silu", "hidden_size": 768,
+    "initializer_range": 0.1, "intermediate_size": 1536, "layer_norm_epsilon": 1e-05, "model_type": "mamba",
+    "n_layer": 24, "num_hidden_layers": 24, "pad_token_id": 0, "pad_vocab_size_multiple": 8,
+    "rescale_prenorm_residual": False, "residual_in_fp32": True, "rms_norm": True, "ssm_cfg": {}, "state_size": 16,
+    "time_step_floor": 0.0001, "time_step_init_scheme": "random", "time_step_max": 0.1, "time_step_min": 0.001,
+    "time_step_rank": 48, "time_step_scale": 1.0, "torch_dtype": "float32", "use_bias": False, "use_cache": True,
+    "use_conv_bias": True, "vocab_size": 50280,
+}
+FALCON_MAMBA_7B = {
+    "architectures": ["FalconMambaForCausalLM"], "bos_token_id": 0, "conv_kernel": 4, "eos_token_id": 11,
+    "expand": 16, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.1, "intermediate_size": 8192,
+    "layer_norm_epsilon": 1e-05, "model_type": "falcon_mamba", "num_hidden_layers": 64, "pad_token_id": 11,
+    "rescale_prenorm_residual": False, "residual_in_fp32": True, "state_size": 16, "tie_word_embeddings": False,
+    "time_step_floor": 0.0001, "time_step_init_scheme": "random", "time_step_max": 0.1, "time_step_min": 0.001,
+    "time_step_rank": 256, "time_step_scale": 1.0, "torch_dtype": "bfloat16", "use_bias": False, "use_cache": True,
+    "use_conv_bias": True, "vocab_size": 65024,
+}
+
+
+def test_released_configs_and_state_sizes():
+    """mamba-130m: the module docstring's 2,801,664 bytes per sequence (2,580,480 with a bf16 window);
+    falcon-mamba-7b: intermediate_size wins over its expand 16, as in transformers."""
+    config, eos = config_from_hf(MAMBA_130M)
+    assert (config.d_inner, config.dt_rank, config.tie_embeddings, config.bcdt_norm) == (1536, 48, True, False)
+    assert eos == [0]
+    with torch.device("meta"):
+        model = MambaLanguageModel(config)
+    assert model.backbone.layers[0].mixer.x_proj.weight.shape == (48 + 2 * 16, 1536)
+    assert model.new_state(1, dtype=torch.float32).bytes_per_slot == 2_801_664
+    assert model.new_state(1, dtype=torch.bfloat16).bytes_per_slot == 2_580_480
+    config, eos = config_from_hf(FALCON_MAMBA_7B)
+    assert (config.d_inner, config.dt_rank, config.tie_embeddings, config.bcdt_norm) == (8192, 256, False, True)
+    assert eos == [11]
+    assert transformers.FalconMambaConfig(**FALCON_MAMBA_7B).intermediate_size == config.d_inner
 
 
 @pytest.mark.parametrize("change, option", [
