@@ -45,7 +45,7 @@ class MambaConfig:
     n_layers: int = 24
     d_state: int = 16
     d_conv: int = 4
-    d_inner: int = 1536  # the mixer's width (expand x d_model in the released checkpoints)
+    d_inner: int = 1536  # the mixer's width (config.json's intermediate_size)
     dt_rank: int = 48  # width of the low-rank projection that makes dt
     norm_eps: float = 1e-5
     use_bias: bool = False  # biases on in_proj and out_proj
@@ -64,7 +64,11 @@ class MambaConfig:
 
 
 def read_config(raw: dict) -> MambaConfig:
-    """A transformers MambaConfig / FalconMambaConfig (config.json, defaults filled in) -> ours."""
+    """A transformers MambaConfig / FalconMambaConfig (config.json, defaults filled in) -> ours.
+
+    Refused, as they would change the outputs: a convolution activation other than silu, LayerNorm blocks. Left
+    out, as training alone reads them: time_step_min/max/floor/scale/init_scheme, initializer_range,
+    rescale_prenorm_residual, use_mambapy, use_associative_scan (transformers' choice of scan implementation)."""
     if raw["hidden_act"] not in ACTIVATIONS:
         raise ValueError(f"hidden_act {raw['hidden_act']!r} is not implemented (Quill's Mamba runs silu)")
     if raw.get("rms_norm") is False:  # the original mamba_ssm config's LayerNorm blocks
