@@ -1,93 +1,107 @@
-"""What one long Mamba prefill costs: Quill's `step` (with the scan the device gets, in chunks, and as a loop per
-token) against transformers' full forward, on a random-weight model of mamba-130m's shape (or smaller).
+"""What prefilling a long prompt costs a Mamba-1 model: Quill's step (the selective scan as a loop over the tokens,
+as a CPU runs it, and in chunks, as a GPU does: models/mamba_scan.py) against transformers' full forward (its
+PyTorch fallback, mamba_ssm absent), on the same random weights of mamba-130m's shape.
 
-    .venv/bin/python -m benchmarks.mamba_prefill                       # mamba-130m shape, 2,000 tokens
-    .venv/bin/python -m benchmarks.mamba_prefill --tokens 500 --layers 4 --repeats 1
-    .venv/bin/python -m benchmarks.mamba_prefill --device cuda --repeats 3
+    .venv/bin/python -m benchmarks.mamba_prefill                        # mamba-130m shape, 2,000 tokens
+    .venv/bin/python -m benchmarks.mamba_prefill --threads 1 --chunks 16 64 --out runs/mamba_prefill.json
+    .venv/bin/python -m benchmarks.mamba_prefill --smoke                # seconds, a tiny shape
 
-Prints the machine, each way's best time over --repeats, and the largest logit difference from transformers. At
-mamba-130m's shape with random weights that difference is a few 1e-3 (logits up to ~15): the size of transformers'
-own float32 error against float64 there, the random residual stream growing to ~1e3 over 24 layers.
+Each figure is the fastest of --repeats runs, interleaved (a busy machine slows them alike), after a warm-up;
+one sequence; only the last token's logits, as a prefill needs. Beside wall time, the process's CPU time, which
+other work on a shared machine moves less. Random weights: no download.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import tempfile
+import json
 import time
+from pathlib import Path
 
 import torch
 
 from benchmarks.hardware import describe_device, describe_machine, load_average, synchronize
-from models import mamba_scan
 from models.batch import StepBatch
-from models.checkpoint import load_checkpoint
+from models.hf_families import FAMILIES
+from models.mamba import MambaLanguageModel
+
+# state-spaces/mamba-130m-hf's shape (tied embeddings).
+SHAPE_130M = dict(vocab_size=50280, hidden_size=768, num_hidden_layers=24, state_size=16, expand=2, conv_kernel=4,
+                  time_step_rank=48)
+SHAPE_TINY = dict(SHAPE_130M, vocab_size=300, hidden_size=32, num_hidden_layers=2, state_size=8, time_step_rank=4)
 
 
-def build(directory: str, layers: int, vocab: int, device: str):
+def build(shape: dict, device: torch.device):
+    """transformers' MambaForCausalLM with random weights, and ours holding the same tensors."""
     import transformers
 
-    from tests.conftest import build_hf_tokenizer
-
     torch.manual_seed(0)
-    config = transformers.MambaConfig(vocab_size=vocab, hidden_size=768, num_hidden_layers=layers, state_size=16,
-                                      expand=2, conv_kernel=4)
-    reference = transformers.MambaForCausalLM(config).float().eval()
-    reference.save_pretrained(directory)
-    build_hf_tokenizer(300).save(f"{directory}/tokenizer.json")
-    return reference.to(device), load_checkpoint(directory, device=device, dtype="float32").model
+    reference = transformers.MambaForCausalLM(transformers.MambaConfig(**shape)).eval().to(device)
+    family = FAMILIES["mamba"]
+    ours = MambaLanguageModel(family.read_config({**family.defaults, **reference.config.to_dict()}))
+    missing, unexpected = ours.load_state_dict(reference.state_dict(), strict=False)
+    if missing or set(unexpected) - {"lm_head.weight"}:  # tied: transformers lists lm_head, we do not
+        raise RuntimeError(f"state dicts differ: missing {missing}, unexpected {unexpected}")
+    return reference, ours.eval().to(device)
 
 
-def best_of(repeats: int, run, device: torch.device) -> tuple[float, torch.Tensor]:
-    times, out = [], None
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        out = run()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return min(times), out
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=2000)
-    parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--vocab", type=int, default=50280)
+    parser.add_argument("--chunks", type=int, nargs="+", default=[23], help="scan chunk lengths to time beside "
+                        "the token loop (23: what a GPU runs for 2,000 tokens)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="a tiny shape and prompt: shows the code runs")
+    parser.add_argument("--out", type=Path, help="also write the results here, as JSON")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.tokens, args.repeats = 40, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(describe_machine(), describe_device(device), "load average", load_average())
-    with tempfile.TemporaryDirectory() as directory:
-        reference, model = build(directory, args.layers, args.vocab, args.device)
-    ids = torch.randint(0, args.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(1)).to(device)
-    batch = StepBatch.build([ids[0].tolist()], [0], slots=[0], logits="all", device=device)
+    shape = SHAPE_TINY if args.smoke else SHAPE_130M
+    reference, ours = build(shape, device)
+    ids = torch.randint(0, shape["vocab_size"], (args.tokens,), generator=torch.Generator().manual_seed(1))
+    results = {"machine": describe_machine(), "device": describe_device(device), "load_average": load_average(),
+               "shape": shape, "tokens": args.tokens, "runs": {}}
+    print(json.dumps({k: v for k, v in results.items() if k != "runs"}))
 
-    def quill_step():
-        return model.step(batch, model.new_state(1))
+    def prefill(chunk: int) -> torch.Tensor:
+        ours.scan_chunk = chunk
+        return ours.step(StepBatch.build([ids.tolist()], [0], slots=[0], device=device), ours.new_state(1))
 
+    runs = {"transformers": lambda: reference(ids[None].to(device), logits_to_keep=1, use_cache=False).logits[0],
+            "quill, token loop": lambda: prefill(args.tokens)}
+    runs |= {f"quill, chunks of {chunk}": (lambda chunk=chunk: prefill(chunk)) for chunk in args.chunks}
+    wall, cpu = dict.fromkeys(runs, float("inf")), dict.fromkeys(runs, float("inf"))
     with torch.inference_mode():
-        hf_time, expected = best_of(args.repeats, lambda: reference(ids).logits[0], device)
-    own = mamba_scan.chunk_length(args.tokens, device)
-    chunk = math.ceil(math.sqrt(args.tokens) / 2)  # what a GPU runs (mamba_scan.chunk_length)
-    other = (f"chunks of {chunk}", chunk) if own == args.tokens else ("loop per token", args.tokens)
-    times, logits = {}, {}
-    for name, length in ((f"device's ({'loop' if own == args.tokens else f'chunks of {own}'})", None), other):
-        model.scan_chunk = length
-        times[name], logits[name] = best_of(args.repeats, quill_step, device)
-    model.scan_chunk = None
-    print(f"{args.tokens}-token prefill, d_model 768, {args.layers} layers, vocabulary {args.vocab}, "
-          f"best of {args.repeats}:")
-    print(f"  transformers full forward            {hf_time:7.2f} s")
-    for name, seconds in times.items():
-        diff = (logits[name] - expected).abs().max()
-        print(f"  Quill step, scan {name:19s} {seconds:7.2f} s  max |logit diff| from transformers {diff:.1e}")
-
+        want = runs["transformers"]()[-1]
+        errors = {name: ((fn()[-1] - want).abs().max() / want.abs().max()).item() for name, fn in runs.items()}
+        for _ in range(args.repeats):
+            for name, fn in runs.items():
+                start, start_cpu = time.perf_counter(), time.process_time()
+                fn()
+                synchronize(device)
+                wall[name] = min(wall[name], time.perf_counter() - start)
+                cpu[name] = min(cpu[name], time.process_time() - start_cpu)
+    ours.scan_chunk = None
+    for name in runs:
+        run = results["runs"][name] = {"wall_s": wall[name], "cpu_s": cpu[name],
+                                       "tokens_per_s": args.tokens / wall[name], "logit_error": errors[name]}
+        line = f"{name}: {wall[name]:.2f} s wall ({run['tokens_per_s']:,.0f} tokens/s), {cpu[name]:.2f} CPU s"
+        if name != "transformers":
+            run["speedup_wall"], run["speedup_cpu"] = wall["transformers"] / wall[name], cpu["transformers"] / cpu[name]
+            line += (f"; {run['speedup_wall']:.2f}x transformers' speed by wall time, {run['speedup_cpu']:.2f}x by "
+                     f"CPU time; last logits within {errors[name]:.1e} of its, relative")
+        print(line)
+    results["load_average_after"] = load_average()
+    print(json.dumps({"load_average_after": results["load_average_after"]}))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
+    return results
 
 
 if __name__ == "__main__":
