@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from . import lfm2
+from . import lfm2, mamba
 from .mamba2 import read_config as read_mamba2_config
 from .transformer import TransformerConfig
 from .xlstm import HF_DEFAULTS as XLSTM_DEFAULTS
@@ -232,4 +232,7 @@ FAMILIES: dict[str, Family] = {
         "use_conv_bias": True, "hidden_act": "silu", "layer_norm_epsilon": 1e-5, "residual_in_fp32": True,
         "time_step_limit": [0.0, float("inf")], "chunk_size": 256, "tie_word_embeddings": False}),
     "xlstm": Family(_xlstm, None, prefix="backbone.", defaults=XLSTM_DEFAULTS, architecture="xlstm"),
+    # Our Mamba modules carry the checkpoint's names too (models/mamba.py); Falcon-Mamba is the same architecture.
+    "mamba": Family(mamba.read_config, None, defaults=mamba.DEFAULTS, architecture="mamba"),
+    "falcon_mamba": Family(mamba.read_config, None, defaults=mamba.FALCON_DEFAULTS, architecture="mamba"),
 }

@@ -4,6 +4,7 @@ from .fconv import FConvConfig, FConvLanguageModel
 from .gcnn import GCNNConfig, GCNNLanguageModel
 from .lfm2 import Lfm2Config, Lfm2LanguageModel
 from .lstm import LSTMConfig, LSTMLanguageModel
+from .mamba import MambaConfig, MambaLanguageModel
 from .mamba2 import Mamba2Config, Mamba2LanguageModel
 from .scripted import ScriptedConfig, ScriptedModel
 from .transformer import TransformerConfig, TransformerLanguageModel
@@ -17,5 +18,6 @@ ARCHITECTURES = {
     "lfm2": (Lfm2Config, Lfm2LanguageModel),  # Hugging Face LFM2: conv windows in slots, K,V in blocks
     "mamba2": (Mamba2Config, Mamba2LanguageModel),  # Hugging Face Mamba2ForCausalLM
     "xlstm": (XLSTMConfig, XLSTMLanguageModel),  # Hugging Face xLSTMForCausalLM, read by models.hf_families
+    "mamba": (MambaConfig, MambaLanguageModel),  # Mamba-1 and Falcon-Mamba (Hugging Face checkpoints)
     "scripted": (ScriptedConfig, ScriptedModel),  # no compute: for measuring the engine and the server
 }

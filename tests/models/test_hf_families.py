@@ -106,7 +106,7 @@ def test_each_family_sets_its_switches(offline_hub, hub_id, model_type, switches
 
 def test_family_registry_covers_the_issue_list():
     assert set(FAMILIES) == {"gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "lfm2", "mamba2",
-                             "xlstm"}
+                             "xlstm", "mamba", "falcon_mamba"}
 
 
 LLAMA_RAW = dict(model_type="llama", vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -20,7 +20,10 @@ from tests.conftest import LiveServer
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 FAMILIES = {  # served name -> (module of tests/hf_state_models, config changes)
+    "mamba": ("mamba", {}),
+    "falcon-mamba": ("mamba", {"model_type": "falcon_mamba"}),
     "mamba2": ("mamba2", {}),
+    "xlstm": ("xlstm", {}),
     "lfm2": ("lfm2", {"max_position_embeddings": 4096}),
 }
 PROMPT = "To be, or not to be"

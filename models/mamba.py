@@ -1,0 +1,232 @@
+"""Mamba-1 (Gu & Dao 2023; transformers' `MambaForCausalLM`) and Falcon-Mamba (`FalconMambaForCausalLM`, the same
+blocks plus weightless RMS norms on dt, B and C inside the mixer): embedding -> blocks of RMSNorm + selective-SSM
+mixer on a residual stream -> RMSNorm -> logits.
+
+A mixer projects x to (u, z), runs u through a causal depthwise convolution of width d_conv and silu, derives the
+input-dependent dt, B and C from it, runs the selective scan (mamba_scan.py) and gates the result with silu(z).
+
+State per sequence, a fixed size whatever its length, for each layer:
+- `conv`: the last d_conv - 1 inputs of the convolution, (d_inner, d_conv - 1), in the model's dtype: they are
+  copies of its in_proj outputs, so a wider type would hold nothing more (d_conv - 1, not d_conv: the next token's
+  convolution reads only those);
+- `ssm`: the scan's state, (d_inner, d_state), float32 always: it is a sum of decayed contributions carried over
+  thousands of tokens, and rounding it to bfloat16 at every token would compound.
+mamba-130m (d_model 768, 24 layers, expand 2 -> d_inner 1536, d_state 16, d_conv 4): 24 x 1536 x 3 window values
+and 24 x 1536 x 16 state values = 2,801,664 bytes per sequence in float32 (2.67 MiB), 2,580,480 with a bfloat16
+window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .batch import StepBatch
+from .host_copy import to_device
+from .mamba_scan import scan_step, selective_scan
+from .state import SlotState
+
+ACTIVATIONS = ("silu", "swish")  # the convolution's activation: the only one Quill runs
+# What transformers' MambaConfig / FalconMambaConfig assume when config.json leaves a key out.
+DEFAULTS = {"vocab_size": 50280, "hidden_size": 768, "state_size": 16, "num_hidden_layers": 32,
+            "layer_norm_epsilon": 1e-5, "expand": 2, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
+            "hidden_act": "silu", "residual_in_fp32": True, "time_step_rank": "auto", "tie_word_embeddings": True}
+FALCON_DEFAULTS = {**DEFAULTS, "mixer_rms_eps": 1e-6}
+
+
+@dataclass
+class MambaConfig:
+    vocab_size: int
+    d_model: int = 768
+    n_layers: int = 24
+    d_state: int = 16
+    d_conv: int = 4
+    d_inner: int = 1536  # the mixer's width (config.json's intermediate_size)
+    dt_rank: int = 48  # width of the low-rank projection that makes dt
+    norm_eps: float = 1e-5
+    use_bias: bool = False  # biases on in_proj and out_proj
+    use_conv_bias: bool = True
+    # The residual stream in float32 whatever the weights' dtype (transformers' residual_in_fp32).
+    residual_in_fp32: bool = True
+    tie_embeddings: bool = True
+    bcdt_norm: bool = False  # Falcon-Mamba: weightless RMS norms on dt (before dt_proj), B and C
+    mixer_norm_eps: float = 1e-6
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "d_state", "d_conv", "d_inner", "dt_rank"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+
+
+def read_config(raw: dict) -> MambaConfig:
+    """A transformers MambaConfig / FalconMambaConfig (config.json, defaults filled in) -> ours.
+
+    Refused, as they would change the outputs: a convolution activation other than silu, LayerNorm blocks. Left
+    out, as training alone reads them: time_step_min/max/floor/scale/init_scheme, initializer_range,
+    rescale_prenorm_residual, use_mambapy, use_associative_scan (transformers' choice of scan implementation)."""
+    if raw["hidden_act"] not in ACTIVATIONS:
+        raise ValueError(f"hidden_act {raw['hidden_act']!r} is not implemented (Quill's Mamba runs silu)")
+    if raw.get("rms_norm") is False:  # the original mamba_ssm config's LayerNorm blocks
+        raise ValueError("rms_norm false (LayerNorm blocks) is not implemented: Quill's Mamba has RMS norms only")
+    rank = raw["time_step_rank"]
+    return MambaConfig(
+        vocab_size=raw["vocab_size"], d_model=raw["hidden_size"], n_layers=raw["num_hidden_layers"],
+        d_state=raw["state_size"], d_conv=raw["conv_kernel"],
+        # A config.json's intermediate_size wins over expand, as in transformers (falcon-mamba-7b says expand 16
+        # beside intermediate_size 8192 = 2 x 4096, and its weights are 8192 wide).
+        d_inner=raw.get("intermediate_size") or int(raw["expand"] * raw["hidden_size"]),
+        dt_rank=math.ceil(raw["hidden_size"] / 16) if rank == "auto" else int(rank),
+        norm_eps=raw["layer_norm_epsilon"], use_bias=raw["use_bias"], use_conv_bias=raw["use_conv_bias"],
+        residual_in_fp32=raw["residual_in_fp32"], tie_embeddings=raw["tie_word_embeddings"],
+        bcdt_norm=raw["model_type"] == "falcon_mamba",
+        mixer_norm_eps=raw.get("mixer_rms_eps", FALCON_DEFAULTS["mixer_rms_eps"]),
+        extra={"hf_model_type": raw["model_type"]},
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Normalized in float32, returned in the weight's dtype (weightless: in x's)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return h.type_as(x) if weight is None else weight * h.to(weight.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class MambaMixer(nn.Module):
+    """Named as transformers names it (`mixer`), so that checkpoint tensor names are our parameter names."""
+
+    def __init__(self, c: MambaConfig):
+        super().__init__()
+        self.config = c
+        self.in_proj = nn.Linear(c.d_model, 2 * c.d_inner, bias=c.use_bias)
+        self.conv1d = nn.Conv1d(c.d_inner, c.d_inner, c.d_conv, groups=c.d_inner, bias=c.use_conv_bias)
+        self.x_proj = nn.Linear(c.d_inner, c.dt_rank + 2 * c.d_state, bias=False)
+        self.dt_proj = nn.Linear(c.dt_rank, c.d_inner)
+        self.A_log = nn.Parameter(torch.zeros(c.d_inner, c.d_state))
+        self.D = nn.Parameter(torch.ones(c.d_inner))
+        self.out_proj = nn.Linear(c.d_inner, c.d_model, bias=c.use_bias)
+
+    def forward(self, x: torch.Tensor, window: torch.Tensor, ssm: torch.Tensor, lengths: torch.Tensor | None,
+                chunk: int | None = None):
+        """x (R, Q, d_model) normed; window (R, d_inner, d_conv - 1) and ssm (R, d_inner, d_state) entering the
+        first token; `lengths` (R,) real tokens per row (the rest is padding), None: all Q are real; `chunk`: the
+        scan's positions per chunk (None: the device's choice) -> (R, Q, d_model) and the window and ssm state
+        after each row's last real token."""
+        c = self.config
+        num_tokens = x.shape[1]
+        u, z = self.in_proj(x).chunk(2, dim=-1)  # (R, Q, d_inner) each
+        inputs = torch.cat([window.to(u.dtype), u.transpose(1, 2)], dim=-1)  # (R, d_inner, d_conv - 1 + Q)
+        u = F.silu(F.conv1d(inputs, self.conv1d.weight, self.conv1d.bias, groups=c.d_inner)).transpose(1, 2)
+        window = self._last_inputs(inputs, lengths)
+        dt, B, C = self.x_proj(u).split([c.dt_rank, c.d_state, c.d_state], dim=-1)
+        if c.bcdt_norm:
+            dt, B, C = (rms_norm(t, None, c.mixer_norm_eps) for t in (dt, B, C))
+        dt = F.softplus(self.dt_proj(dt).float())  # (R, Q, d_inner)
+        A = -torch.exp(self.A_log.float())  # (d_inner, d_state)
+        u32 = u.float()
+        if num_tokens == 1:
+            y, ssm = scan_step(u32[:, 0], dt[:, 0], A, B[:, 0].float(), C[:, 0].float(), ssm)
+            y = y.unsqueeze(1)
+        else:
+            if lengths is not None:  # dt 0 at padding: those positions leave the state as it was
+                real = torch.arange(num_tokens, device=x.device) < lengths.unsqueeze(1)  # (R, Q)
+                dt = dt * real.unsqueeze(-1)
+            y, ssm = selective_scan(u32, dt, A, B.float(), C.float(), ssm, chunk)
+        y = (y + u32 * self.D.float()) * F.silu(z)
+        return self.out_proj(y.to(x.dtype)), window, ssm
+
+    def _last_inputs(self, inputs: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        """(R, d_inner, d_conv - 1) the convolution inputs up to each row's last real token."""
+        keep = self.config.d_conv - 1
+        if lengths is None:
+            return inputs[..., inputs.shape[-1] - keep:]
+        index = lengths.unsqueeze(1) + torch.arange(keep, device=inputs.device)  # (R, keep): row's last inputs
+        return inputs.gather(-1, index.unsqueeze(1).expand(-1, inputs.shape[1], -1))
+
+
+class MambaBlock(nn.Module):
+    def __init__(self, c: MambaConfig):
+        super().__init__()
+        self.norm = RMSNorm(c.d_model, c.norm_eps)
+        self.mixer = MambaMixer(c)
+
+
+class MambaBackbone(nn.Module):
+    def __init__(self, c: MambaConfig):
+        super().__init__()
+        self.embeddings = nn.Embedding(c.vocab_size, c.d_model)
+        self.layers = nn.ModuleList(MambaBlock(c) for _ in range(c.n_layers))
+        self.norm_f = RMSNorm(c.d_model, c.norm_eps)
+
+
+class MambaLanguageModel(nn.Module):
+    state_kind = SlotState.kind
+
+    def __init__(self, config: MambaConfig):
+        super().__init__()
+        self.config = config
+        self.backbone = MambaBackbone(config)  # transformers' names: backbone.layers.0.mixer.in_proj.weight, ...
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # Positions per chunk of a prefill's scan; None: chosen for the device (mamba_scan.chunk_length).
+        self.scan_chunk: int | None = None
+
+    def _blocks(self, x: torch.Tensor, windows: torch.Tensor, ssms: torch.Tensor, lengths: torch.Tensor | None):
+        """x (R, Q, d_model) embedded; windows (R, n_layers, d_inner, d_conv - 1), ssms (R, n_layers, d_inner,
+        d_state) -> the residual stream after the last block and every layer's state after each row's last token."""
+        residual = x.float() if self.config.residual_in_fp32 else x
+        new_windows, new_ssms = [], []
+        for i, block in enumerate(self.backbone.layers):
+            out, window, ssm = block.mixer(block.norm(residual), windows[:, i], ssms[:, i], lengths, self.scan_chunk)
+            residual = residual + out
+            new_windows.append(window)
+            new_ssms.append(ssm)
+        return residual, torch.stack(new_windows, dim=1), torch.stack(new_ssms, dim=1)
+
+    def _logits(self, residual: torch.Tensor) -> torch.Tensor:
+        weight = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(self.backbone.norm_f(residual).to(weight.dtype), weight).float()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, V) logits, from an empty state."""
+        state = self.new_state(tokens.shape[0])
+        residual, _, _ = self._blocks(self.backbone.embeddings(tokens), state["conv"], state["ssm"], None)
+        return self._logits(residual)
+
+    def new_state(self, num_slots: int, dtype: torch.dtype | None = None) -> SlotState:
+        """Per slot and layer: `conv` (d_inner, d_conv - 1) in `dtype` (default: the weights'), `ssm`
+        (d_inner, d_state) in float32 (see the module docstring)."""
+        c, like = self.config, self.backbone.embeddings.weight
+        return SlotState({
+            "conv": torch.zeros(num_slots, c.n_layers, c.d_inner, c.d_conv - 1, dtype=dtype or like.dtype,
+                                device=like.device),
+            "ssm": torch.zeros(num_slots, c.n_layers, c.d_inner, c.d_state, dtype=torch.float32, device=like.device),
+        })
+
+    @torch.inference_mode()
+    def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
+        """Run the new tokens of each sequence from its slot; update the slots in place."""
+        x = batch.pad(self.backbone.embeddings(batch.token_ids))  # (B, Q, d_model)
+        lengths = None
+        if batch.max_query_len > 1 and min(batch.query_lens) < batch.max_query_len:
+            lengths = to_device(batch.query_lens, x.device, torch.long)
+        residual, windows, ssms = self._blocks(x, state["conv"][batch.slots], state["ssm"][batch.slots], lengths)
+        state["conv"][batch.slots] = windows.to(state["conv"].dtype)
+        state["ssm"][batch.slots] = ssms
+        out = batch.unpad(residual)  # (T, d_model)
+        if batch.logits_indices is not None:
+            out = out[batch.logits_indices]
+        return self._logits(out)
