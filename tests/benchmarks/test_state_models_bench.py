@@ -1,0 +1,35 @@
+"""The Mamba / xLSTM serving benchmark's code paths on tiny shapes. Checks structure, never speed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from benchmarks import state_models_bench
+
+
+def test_smoke_run_measures_every_contender_and_both_chats(tmp_path):
+    out = tmp_path / "state_models.json"
+    results = state_models_bench.main(["--smoke", "--threads", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    assert set(results["shapes"]) == {"mamba", "xlstm"}
+    for shape in results["shapes"].values():
+        t = shape["throughput"]
+        assert set(t["median_tokens_per_s"]) == {
+            "quill", "quill_prefix_caching_off", "transformers_one_at_a_time", "transformers_static_2",
+            "transformers_static_6"}
+        assert set(t["ratios"]) == {"quill_vs_one_at_a_time", "quill_vs_static_2", "quill_vs_static_6",
+                                    "prefix_caching_on_vs_off"}
+        assert all(v > 0 for v in t["median_tokens_per_s"].values())
+        # every request of the timed runs generated exactly its max_tokens, and Quill's greedy tokens are generate()'s
+        assert t["greedy_check"]["equal"] == t["greedy_check"]["requests"] == 2
+        c = shape["chat"]
+        on, off = c["runs"]["prefix_caching_on"][0], c["runs"]["prefix_caching_off"][0]
+        # the second turn resumes from the first's state (its prompt, its answer but the last token) only when on
+        assert on["prefix_hit_tokens"] == c["conversation"]["first_prompt_tokens"] + c["conversation"]["answer_tokens"] - 1
+        assert off["prefix_hit_tokens"] == 0
+        assert c["conversation"]["second_prompt_tokens"] == 40 + 4 + 6
+        assert c["first_token_speedup"] > 0
