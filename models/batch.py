@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate
 
 import torch
 
@@ -110,3 +111,22 @@ class StepBatch:
         elif logits != "all":
             raise ValueError(f"logits must be 'last' or 'all', not {logits!r}")
         return batch
+
+
+def split_decodes(batch: StepBatch) -> list[tuple[StepBatch, torch.Tensor | None]]:
+    """The step's sequences in parts for a recurrent model, each with the packed tokens it holds (None: all, in
+    order). One part, unless the step mixes one-token sequences with longer ones: then those make one part (run as
+    a recurrent step) and the others another (run padded to their longest chunk), so that a decode row is not
+    padded to the longest chunk, nor costs its work."""
+    lengths = batch.query_lens
+    if batch.max_query_len == 1 or min(lengths) > 1:
+        return [(batch, None)]
+    starts = list(accumulate(lengths, initial=0))
+    device = batch.token_ids.device
+    parts = []
+    for seqs in ([s for s, n in enumerate(lengths) if n == 1], [s for s, n in enumerate(lengths) if n > 1]):
+        tokens = to_device([t for s in seqs for t in range(starts[s], starts[s + 1])], device, torch.long)
+        part = StepBatch(token_ids=batch.token_ids[tokens], positions=batch.positions[tokens],
+                         query_lens=[lengths[s] for s in seqs], slots=batch.slots[to_device(seqs, device, torch.long)])
+        parts.append((part, tokens))
+    return parts

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .batch import StepBatch
+from .batch import StepBatch, split_decodes
 from .host_copy import to_device
 from .mamba_scan import scan_step, selective_scan
 from .state import SlotState
@@ -120,34 +120,52 @@ class MambaMixer(nn.Module):
         self.D = nn.Parameter(torch.ones(c.d_inner))
         self.out_proj = nn.Linear(c.d_inner, c.d_model, bias=c.use_bias)
 
-    def forward(self, x: torch.Tensor, window: torch.Tensor, ssm: torch.Tensor, lengths: torch.Tensor | None,
-                chunk: int | None = None):
-        """x (R, Q, d_model) normed; window (R, d_inner, d_conv - 1) and ssm (R, d_inner, d_state) entering the
-        first token; `lengths` (R,) real tokens per row (the rest is padding), None: all Q are real; `chunk`: the
-        scan's positions per chunk (None: the device's choice) -> (R, Q, d_model) and the window and ssm state
-        after each row's last real token."""
+    def forward(self, x: torch.Tensor, parts, state: SlotState, layer: int, chunk: int | None = None):
+        """x (T, d_model) the step's packed tokens, normed -> (T, d_model). `parts`: the step's sequences as
+        `split_decodes` groups them; each part's window and ssm state of this `layer` are read from its slots and
+        written back. `chunk`: the prefill scan's positions per chunk (None: the device's choice).
+
+        The projections run on the packed tokens; only the convolution and the scan see a part's sequences side by
+        side (a prefill part padded to its longest chunk), so neither padding nor a prefill beside them makes
+        decode rows cost more."""
+        u, z = self.in_proj(x).chunk(2, dim=-1)  # (T, d_inner) each
+        if len(parts) == 1:
+            u, y = self._part(u, parts[0][0], state, layer, chunk)
+        else:
+            conv_out, y = torch.empty_like(u), u.new_empty(u.shape, dtype=torch.float32)
+            for part, tokens in parts:
+                conv_out[tokens], y[tokens] = self._part(u[tokens], part, state, layer, chunk)
+            u = conv_out
+        y = (y + u.float() * self.D.float()) * F.silu(z)
+        return self.out_proj(y.to(x.dtype))
+
+    def _part(self, u: torch.Tensor, part: StepBatch, state: SlotState, layer: int, chunk: int | None):
+        """u (T, d_inner) a part's packed in_proj outputs -> the convolution's outputs (T, d_inner) and the scan's
+        y (T, d_inner) float32; the part's slots of this layer updated in place."""
         c = self.config
-        num_tokens = x.shape[1]
-        u, z = self.in_proj(x).chunk(2, dim=-1)  # (R, Q, d_inner) each
-        inputs = torch.cat([window.to(u.dtype), u.transpose(1, 2)], dim=-1)  # (R, d_inner, d_conv - 1 + Q)
-        u = F.silu(F.conv1d(inputs, self.conv1d.weight, self.conv1d.bias, groups=c.d_inner)).transpose(1, 2)
-        window = self._last_inputs(inputs, lengths)
+        where = (part.slots, layer)
+        window, ssm = state["conv"][where], state["ssm"][where]  # (R, d_inner, d_conv - 1), (R, d_inner, d_state)
+        rows = part.pad(u)  # (R, Q, d_inner), right-padded with zeros
+        inputs = torch.cat([window.to(u.dtype), rows.transpose(1, 2)], dim=-1)  # (R, d_inner, d_conv - 1 + Q)
+        conv = F.silu(F.conv1d(inputs, self.conv1d.weight, self.conv1d.bias, groups=c.d_inner)).transpose(1, 2)
+        lengths = None
+        if part.max_query_len > 1 and min(part.query_lens) < part.max_query_len:
+            lengths = to_device(part.query_lens, u.device, torch.long)
+        state["conv"][where] = self._last_inputs(inputs, lengths).to(state["conv"].dtype)
+        u = part.unpad(conv)  # (T, d_inner)
         dt, B, C = self.x_proj(u).split([c.dt_rank, c.d_state, c.d_state], dim=-1)
         if c.bcdt_norm:
             dt, B, C = (rms_norm(t, None, c.mixer_norm_eps) for t in (dt, B, C))
-        dt = F.softplus(self.dt_proj(dt).float())  # (R, Q, d_inner)
+        dt = F.softplus(self.dt_proj(dt).float())  # (T, d_inner)
         A = -torch.exp(self.A_log.float())  # (d_inner, d_state)
-        u32 = u.float()
-        if num_tokens == 1:
-            y, ssm = scan_step(u32[:, 0], dt[:, 0], A, B[:, 0].float(), C[:, 0].float(), ssm)
-            y = y.unsqueeze(1)
-        else:
-            if lengths is not None:  # dt 0 at padding: those positions leave the state as it was
-                real = torch.arange(num_tokens, device=x.device) < lengths.unsqueeze(1)  # (R, Q)
-                dt = dt * real.unsqueeze(-1)
-            y, ssm = selective_scan(u32, dt, A, B.float(), C.float(), ssm, chunk)
-        y = (y + u32 * self.D.float()) * F.silu(z)
-        return self.out_proj(y.to(x.dtype)), window, ssm
+        u32, B, C = u.float(), B.float(), C.float()
+        if part.max_query_len == 1:
+            y, ssm = scan_step(u32, dt, A, B, C, ssm)
+        else:  # padding is zeros, dt 0 among them: those positions leave the state as it was
+            y, ssm = selective_scan(part.pad(u32), part.pad(dt), A, part.pad(B), part.pad(C), ssm, chunk)
+            y = part.unpad(y)
+        state["ssm"][where] = ssm
+        return u, y
 
     def _last_inputs(self, inputs: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
         """(R, d_inner, d_conv - 1) the convolution inputs up to each row's last real token."""
@@ -184,17 +202,15 @@ class MambaLanguageModel(nn.Module):
         # Positions per chunk of a prefill's scan; None: chosen for the device (mamba_scan.chunk_length).
         self.scan_chunk: int | None = None
 
-    def _blocks(self, x: torch.Tensor, windows: torch.Tensor, ssms: torch.Tensor, lengths: torch.Tensor | None):
-        """x (R, Q, d_model) embedded; windows (R, n_layers, d_inner, d_conv - 1), ssms (R, n_layers, d_inner,
-        d_state) -> the residual stream after the last block and every layer's state after each row's last token."""
+    def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
+        """(T, d_model) the residual stream after the last block, for the step's packed tokens; the slots updated in
+        place, a layer at a time."""
+        parts = split_decodes(batch)
+        x = self.backbone.embeddings(batch.token_ids)
         residual = x.float() if self.config.residual_in_fp32 else x
-        new_windows, new_ssms = [], []
         for i, block in enumerate(self.backbone.layers):
-            out, window, ssm = block.mixer(block.norm(residual), windows[:, i], ssms[:, i], lengths, self.scan_chunk)
-            residual = residual + out
-            new_windows.append(window)
-            new_ssms.append(ssm)
-        return residual, torch.stack(new_windows, dim=1), torch.stack(new_ssms, dim=1)
+            residual = residual + block.mixer(block.norm(residual), parts, state, i, self.scan_chunk)
+        return residual
 
     def _logits(self, residual: torch.Tensor) -> torch.Tensor:
         weight = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
@@ -202,9 +218,11 @@ class MambaLanguageModel(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits, from an empty state."""
-        state = self.new_state(tokens.shape[0])
-        residual, _, _ = self._blocks(self.backbone.embeddings(tokens), state["conv"], state["ssm"], None)
-        return self._logits(residual)
+        num_seqs, length = tokens.shape
+        device = tokens.device
+        batch = StepBatch(token_ids=tokens.flatten(), positions=torch.arange(length, device=device).repeat(num_seqs),
+                          query_lens=[length] * num_seqs, slots=torch.arange(num_seqs, device=device))
+        return self._logits(self._hidden(batch, self.new_state(num_seqs))).view(num_seqs, length, -1)
 
     def new_state(self, num_slots: int, dtype: torch.dtype | None = None) -> SlotState:
         """Per slot and layer: `conv` (d_inner, d_conv - 1) in `dtype` (default: the weights'), `ssm`
@@ -219,14 +237,7 @@ class MambaLanguageModel(nn.Module):
     @torch.inference_mode()
     def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
         """Run the new tokens of each sequence from its slot; update the slots in place."""
-        x = batch.pad(self.backbone.embeddings(batch.token_ids))  # (B, Q, d_model)
-        lengths = None
-        if batch.max_query_len > 1 and min(batch.query_lens) < batch.max_query_len:
-            lengths = to_device(batch.query_lens, x.device, torch.long)
-        residual, windows, ssms = self._blocks(x, state["conv"][batch.slots], state["ssm"][batch.slots], lengths)
-        state["conv"][batch.slots] = windows.to(state["conv"].dtype)
-        state["ssm"][batch.slots] = ssms
-        out = batch.unpad(residual)  # (T, d_model)
+        out = self._hidden(batch, state)  # (T, d_model)
         if batch.logits_indices is not None:
             out = out[batch.logits_indices]
         return self._logits(out)

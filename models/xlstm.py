@@ -17,15 +17,13 @@ Decode is one recurrent step; a prefill chunk (from any saved state) runs the ch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import mlstm
-from .batch import StepBatch
-from .host_copy import to_device
+from .batch import StepBatch, split_decodes as cell_parts
 from .state import SlotState
 
 WEIGHT_MODES = ("single", "fused")  # q, k, v, gates as separate matrices or concatenated ones
@@ -105,24 +103,6 @@ class MultiHeadLayerNorm(nn.Module):
         """(T, H, Dv) float32 (or float64) -> (T, H * Dv) in the weight's dtype."""
         y = F.layer_norm(h, h.shape[-1:], eps=self.eps).flatten(-2).to(self.weight.dtype) * self.weight
         return y if self.bias is None else y + self.bias
-
-
-def cell_parts(batch: StepBatch) -> list[tuple[StepBatch, torch.Tensor | None]]:
-    """The step's sequences as the cell runs them, each part with the packed tokens it holds (None: all, in order).
-    One part, unless the step mixes one-token sequences with longer ones: then those run the recurrent step and the
-    others the chunkwise form, so that a decode row is not padded to the longest chunk (nor costs its work)."""
-    lengths = batch.query_lens
-    if batch.max_query_len == 1 or min(lengths) > 1:
-        return [(batch, None)]
-    starts = list(accumulate(lengths, initial=0))
-    device = batch.token_ids.device
-    parts = []
-    for seqs in ([s for s, n in enumerate(lengths) if n == 1], [s for s, n in enumerate(lengths) if n > 1]):
-        tokens = to_device([t for s in seqs for t in range(starts[s], starts[s + 1])], device, torch.long)
-        part = StepBatch(token_ids=batch.token_ids[tokens], positions=batch.positions[tokens],
-                         query_lens=[lengths[s] for s in seqs], slots=batch.slots[to_device(seqs, device, torch.long)])
-        parts.append((part, tokens))
-    return parts
 
 
 class MLSTMLayer(nn.Module):
