@@ -33,7 +33,7 @@ class ServerConfig:
     block_size: int = 16
     attention_backend: str = "auto"  # "auto": triton on CUDA, sdpa elsewhere (models.attention)
     layer_ops: str = "auto"  # "auto": fused triton kernels on CUDA, eager torch elsewhere (models.kernels)
-    max_model_len: int | None = None  # None: the model's context (Transformers), 4096 (recurrent, convolutional)
+    max_model_len: int | None = None  # None: the model's context (attention), 4096 (recurrent, convolutional, SSM)
     generation_config: str = "auto"  # "auto": sampling defaults from the checkpoint's generation_config.json; "none"
     chat_templates: list[str] = field(default_factory=list)  # [NAME=]FILE: a Jinja chat template for NAME (or all)
     tool_call_parser: str | None = None  # how answers' tool calls read (tool_calls/); None: found from each template

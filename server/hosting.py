@@ -32,7 +32,7 @@ from .structured import GrammarCompiler
 log = logging.getLogger("quill.server")
 
 TOOL_USE_TEMPLATE = "tool_use"  # transformers renders chats given tools with the template of this name, if any
-RECURRENT_MAX_MODEL_LEN = 4096  # no attention window: bounded only so one request cannot run forever
+RECURRENT_MAX_MODEL_LEN = 4096  # no attention window: bounded (--max-model-len raises it) so one request cannot run forever
 
 
 class LoadCancelled(Exception):
@@ -199,8 +199,10 @@ class ModelHost:
             if separate:
                 engine.shutdown()
             raise
-        limit = loaded.max_seq_len or RECURRENT_MAX_MODEL_LEN
-        max_model_len = min(limit, config.max_model_len) if config.max_model_len else limit
+        if loaded.max_seq_len is None:  # a fixed-size state: any length the server allows
+            max_model_len = config.max_model_len or RECURRENT_MAX_MODEL_LEN
+        else:
+            max_model_len = min(loaded.max_seq_len, config.max_model_len or loaded.max_seq_len)
         # An engine on a thread shares the compiler, so a request's grammar is compiled once; a process has its own.
         grammars = engine.core.grammars if isinstance(engine, AsyncEngine) else GrammarCompiler(
             loaded.tokenizer, loaded.eos_token_ids, loaded.model.config.vocab_size)

@@ -25,6 +25,11 @@ from models.checkpoint import save_checkpoint
 from models.registry import ARCHITECTURES
 from models.tokenizer import Tokenizer
 
+# One CPU thread for the tests and the servers they start: their models are tiny, and on a busy machine two threads
+# wait on each other's OpenMP barriers (a tiny LSTM's step went from 0.3 ms to 90 ms with another job on the cores).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 TEST_DEVICE = torch.device(os.environ.get("QUILL_TEST_DEVICE", "cpu"))
 KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if KERNEL_DEVICE.type == "cpu":

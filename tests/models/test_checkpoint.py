@@ -62,9 +62,9 @@ def test_missing_file(tmp_path, name):
 def test_unknown_architecture(tmp_path):
     write_checkpoint(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    config["architecture"] = "mamba"
+    config["architecture"] = "rwkv"
     (tmp_path / "config.json").write_text(json.dumps(config))
-    expect_error(tmp_path, "config.json", "unknown architecture 'mamba'", "lstm", "gcnn", "transformer")
+    expect_error(tmp_path, "config.json", "unknown architecture 'rwkv'", "lstm", "gcnn", "transformer")
 
 
 def test_unknown_hugging_face_model_type(tmp_path):

@@ -24,7 +24,7 @@ FAMILIES = {  # served name -> (module of tests/hf_state_models, config changes)
     "falcon-mamba": ("mamba", {"model_type": "falcon_mamba"}),
     "mamba2": ("mamba2", {}),
     "xlstm": ("xlstm", {}),
-    "lfm2": ("lfm2", {"max_position_embeddings": 4096}),
+    "lfm2": ("lfm2", {"max_position_embeddings": 16384}),
 }
 PROMPT = "To be, or not to be"
 
@@ -52,7 +52,8 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(served):
-    with LiveServer({name: str(path) for name, (_, path) in served.items()}, "--max-num-seqs", "8") as server:
+    with LiveServer({name: str(path) for name, (_, path) in served.items()}, "--max-num-seqs", "8",
+                    "--max-model-len", "16384") as server:
         yield server
 
 
@@ -130,21 +131,24 @@ def first_token_seconds(client, name: str, messages: list[dict]) -> tuple[float,
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_a_second_chat_turn_resumes_from_the_first(served, server, client, name):
-    tokenizer = tokenizer_of(served, name)
-    story = " ".join(f"line {i} of the play, spoken slowly;" for i in range(60))  # about 1,600 tokens
-    turn = [{"role": "user", "content": story}]
+    """Three conversations, each of a long first turn and a short second: the second turn resumes from the state
+    the first left (the prefix-hit counter rises by the first turn's prompt) and its first token comes sooner."""
 
     def hits() -> float:
         return metric_values(httpx.get(f"{server.url}/metrics").text, "quill_prefix_cache_hits_total").get(name, 0)
 
-    before = hits()
-    first_ttft, answer = first_token_seconds(client, name, turn)
-    first_prompt = httpx.post(f"{server.url}/tokenize", json={"model": name, "messages": turn}).json()
-    assert hits() == before  # nothing of it was cached
-    turn += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And then?"}]
-    second_ttft, _ = first_token_seconds(client, name, turn)
-    reused = hits() - before
-    # At least the whole first prompt came from its saved state (a hybrid's: its whole K,V blocks of 4 tokens).
-    assert reused >= (first_prompt["count"] // 4 * 4 if name == "lfm2" else first_prompt["count"])
-    assert second_ttft < first_ttft / 2, (first_ttft, second_ttft)
-    assert len(tokenizer.encode(story)) > 1000
+    speedups = []
+    for story_id in range(3):  # about 8,000 tokens each, none a prefix of another
+        story = f"Story {story_id}. " + " ".join(f"line {i} of the play, spoken slowly;" for i in range(300))
+        turn = [{"role": "user", "content": story}]
+        before = hits()
+        first_ttft, answer = first_token_seconds(client, name, turn)
+        first_prompt = httpx.post(f"{server.url}/tokenize", json={"model": name, "messages": turn}).json()["count"]
+        assert hits() - before < 50 and first_prompt > 5000  # nothing but the template's opening was cached
+        turn += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And then?"}]
+        second_ttft, _ = first_token_seconds(client, name, turn)
+        # At least the whole first prompt came from its saved state (a hybrid's: its whole K,V blocks of 4 tokens).
+        assert hits() - before >= (first_prompt // 4 * 4 if name == "lfm2" else first_prompt)
+        speedups.append(first_ttft / second_ttft)
+    print(f"{name}: second turns came {sorted(speedups)[1]:.1f}x sooner (median of 3)")
+    assert sorted(speedups)[1] > 2, speedups  # the median: a prefill of thousands of tokens against one of a few
