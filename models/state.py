@@ -46,7 +46,12 @@ class SlotState:
             t[_index(slots, t.device)] = 0
 
     def copy(self, src, dst) -> None:
-        """Fork: slots `dst` continue from where slots `src` are."""
+        """Fork or snapshot: slots `dst` continue from where slots `src` are."""
+        if len(src) <= 4 and not isinstance(src, torch.Tensor):  # the usual one slot: in place, no gathered copy
+            for t in self.tensors.values():  # (a large state's temporary would cost page faults on every copy)
+                for s, d in zip(src, dst):
+                    t[d].copy_(t[s])
+            return
         for t in self.tensors.values():
             t[_index(dst, t.device)] = t[_index(src, t.device)]
 
