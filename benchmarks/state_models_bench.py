@@ -3,7 +3,8 @@ run: 64 concurrent requests (Quill's engine against `generate()` one at a time a
 multi-turn chat whose second turn resumes from the first's saved state (prefix caching on against off).
 
     python -m benchmarks.state_models_bench --threads 2 --out runs/state_models.json   # both shapes, ~15 min on 2 cores
-    python -m benchmarks.state_models_bench --shapes xlstm --parts chat --repeats 5      # one shape, one part
+    python -m benchmarks.state_models_bench --shapes xlstm --parts chat step --threads 1  # some shapes and parts
+    python -m benchmarks.state_models_bench --repeats 3 --serial-requests 8            # steadier medians, ~22 min
     python -m benchmarks.state_models_bench --smoke                                     # seconds: tiny shapes
 
 Shapes (random weights, float32; built with transformers' classes, saved with `save_pretrained` beside a byte-level
@@ -19,26 +20,34 @@ Parts (`--parts`):
   ignored (every request generates exactly max_tokens), the same requests for every contender. Quill: all 64
   submitted at once to one engine (max_num_seqs 64), with prefix caching on (the default) and off, a fresh engine
   each run, warmed on other prompts. transformers: `generate()` one request at a time (`--serial-requests` of the 64,
-  spread over the max_tokens range; a rate per token), and static batches of 8 and of 64: the requests sorted by
-  prompt length, then cut into batches, so that a batch's prompts are alike and left-padding is short; each batch runs
-  to its longest max_tokens. transformers' Mamba zeroes padded positions by the attention mask; its xLSTM takes no
-  mask and runs the pad tokens as input: either way, the padding, and the positions computed past a row's max_tokens,
-  are part of what static batching costs and are timed. Output tokens/s counts the tokens asked for.
-  Sanity: the greedy tokens of the requests transformers ran one at a time, against Quill's for the same requests.
-- `chat`: a conversation whose first turn is a `--chat-prompt`-token prompt (2,000) answered with `--chat-answer`
-  tokens (32); the second turn's prompt is the first's, its answer and `--chat-new` new tokens (50). Time to the
-  first token of the second turn, and to its whole answer, with prefix caching on and off, each on a fresh engine
-  (`quill serve`'s scheduler defaults) warmed on another prompt first; on, off, on, off, ... `--repeats` times.
+  4 by default, spread over the max_tokens range: a rate per token), and static batches of 8 and of 64: the requests
+  sorted by prompt length, then cut into batches, so that a batch's prompts are alike and left-padding is short; each
+  batch runs to its longest max_tokens. Of the 8 batches of 8, 4 spread over the prompt lengths are timed (their
+  rate stands for all 8). transformers' Mamba zeroes padded positions by the attention mask; its xLSTM takes no mask
+  and runs the pad tokens as input: either way, the padding, and the positions computed past a row's max_tokens, are
+  part of what static batching costs and are timed. Output tokens/s counts the tokens asked for.
+  Sanity: the greedy tokens of the requests transformers ran one at a time, against Quill's for the same requests
+  (which it ran 64 at once).
+- `chat`: a conversation whose first turn is a `--chat-prompt`-token prompt (2,000) answered with 32 tokens; the
+  second turn's prompt is the first's, its answer and 50 new tokens. Time to the first token of the second turn, and
+  to its whole answer (32 tokens), with prefix caching on and off, each on a fresh engine (`quill serve`'s scheduler
+  defaults) warmed on another prompt first; on, off, on, off, ... `--chat-repeats` times (3). Both must give the
+  same answer.
+- `step`: where the time goes: one decode step of 64 sequences, Quill's model step (the engine's forward pass,
+  without scheduling and sampling) against transformers' forward of one token a row with its cache (what every step
+  of `generate()` runs); medians of 5 in turn, and the operators that took most of one profiled step of each.
 
 Every part runs its contenders in turn each repeat (Quill, transformers, Quill, ...), so that other work on a shared
-machine slows them alike; figures are medians over the repeats, ratios are ratios of medians. `--threads` sets
-`torch.set_num_threads` for both sides.
+machine slows them alike; figures are medians over the repeats (`--repeats`, 2 by default, to keep a run near 15
+minutes), ratios are ratios of medians. `--threads` sets `torch.set_num_threads` for both sides.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import tempfile
 import time
@@ -48,6 +57,7 @@ from pathlib import Path
 import torch
 
 from clients.bench.workload import TargetModel, WorkloadSpec, build_requests
+from models.batch import StepBatch
 from models.checkpoint import LoadedModel, load_checkpoint
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
@@ -71,7 +81,7 @@ SMOKE_SHAPES = {
     "mamba": dict(vocab_size=300, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4),
     "xlstm": dict(vocab_size=300, hidden_size=128, num_hidden_layers=2, num_heads=4, chunk_size=8),  # transformers' cache rounds q/k up to 64
 }
-PARTS = ("throughput", "chat")
+PARTS = ("throughput", "chat", "step")
 
 
 @dataclass(frozen=True)
@@ -79,18 +89,23 @@ class Settings:
     requests: int = 64
     prompt_len: tuple[int, int] = (16, 128)
     max_tokens: tuple[int, int] = (16, 128)
-    serial_requests: int = 8  # of the 64, through generate() one at a time (a rate per token)
+    serial_requests: int = 4  # of the 64, through generate() one at a time (a rate per token)
     batch_sizes: tuple[int, ...] = (8, 64)
-    repeats: int = 3
+    max_static_batches: int = 4  # of a static-batch run's batches, at most this many timed (spread over them)
+    repeats: int = 2  # throughput (each repeat: ~3.5 minutes a shape on 2 cores)
     chat_prompt: int = 2000
     chat_answer: int = 32
     chat_new: int = 50
     chat_repeats: int = 3
+    step_rows: int = 64  # the decode step part: sequences in the step
+    step_prompt: int = 16  # their prompts' tokens (a decode step costs the same after any number)
+    step_repeats: int = 5
     seed: int = 0
 
 
 SMOKE = Settings(requests=6, prompt_len=(3, 10), max_tokens=(2, 6), serial_requests=2, batch_sizes=(2, 6),
-                 repeats=1, chat_prompt=40, chat_answer=4, chat_new=6, chat_repeats=1)
+                 max_static_batches=2, repeats=1, chat_prompt=40, chat_answer=4, chat_new=6, chat_repeats=1,
+                 step_rows=3, step_prompt=5, step_repeats=1)
 
 
 # ---- models ---------------------------------------------------------------------------------
@@ -147,14 +162,18 @@ def interleaved(contenders: dict, repeats: int, log) -> dict[str, list]:
     results: dict[str, list] = {name: [] for name in contenders}
     for repeat in range(repeats):
         for name, fn in contenders.items():
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             results[name].append(fn())
+            # memory the process had to map afresh: glibc hands large freed blocks back to the OS (see the README)
+            results[name][-1]["minor_page_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
             log(f"  repeat {repeat + 1}/{repeats}: {name}: {describe_result(results[name][-1])}")
     return results
 
 
 def describe_result(result) -> str:
     if isinstance(result, dict) and "tokens_per_s" in result:
-        return f"{result['tokens_per_s']:.1f} output tokens/s in {result['seconds']:.1f} s"
+        return f"{result['tokens_per_s']:.1f} output tokens/s in {result['seconds']:.1f} s " \
+               f"({result.get('minor_page_faults', 0):,} minor page faults)"
     if isinstance(result, dict) and "first_token_s" in result:
         return f"second turn: first token after {1e3 * result['first_token_s']:.0f} ms, answer after " \
                f"{result['answer_s']:.2f} s ({result['prefix_hit_tokens']} prompt tokens resumed)"
@@ -186,7 +205,10 @@ def throughput(s: Settings, reference, loaded: LoadedModel, log) -> dict:
         return run
 
     def static(batch_size: int):
-        return lambda: hf_runs.static_batches(reference, by_length, batch_size, PAD_ID).to_dict()
+        batches = [by_length[i:i + batch_size] for i in range(0, len(by_length), batch_size)]
+        timed = [r for batch in spread(batches, s.max_static_batches) for r in batch]
+        return lambda: hf_runs.static_batches(reference, timed, batch_size, PAD_ID).to_dict(
+            of_batches=len(batches))
 
     contenders = {"quill": quill(True)}
     contenders |= {f"transformers_static_{b}": static(b) for b in s.batch_sizes}
@@ -200,12 +222,22 @@ def throughput(s: Settings, reference, loaded: LoadedModel, log) -> dict:
     ratios["prefix_caching_on_vs_off"] = medians["quill"] / medians["quill_prefix_caching_off"]
     return {
         "workload": {"requests": len(requests), "prompt_len": list(s.prompt_len), "max_tokens": list(s.max_tokens),
+                     "static_batches_timed": {b: min(s.max_static_batches, -(-len(requests) // b))
+                                              for b in s.batch_sizes},
                      "output_tokens": num_generated(requests),
                      "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
                      "serial_requests": [r.request_id for r in serial_subset], "seed": s.seed},
         "runs": runs, "median_tokens_per_s": medians, "ratios": ratios,
         "greedy_check": greedy_check(serial_subset, quill_tokens, hf_tokens),
     }
+
+
+def spread(items: list, count: int) -> list:
+    """`count` of `items` spread evenly over them, in order (all of them when there are no more)."""
+    if count >= len(items):
+        return list(items)
+    step = len(items) / count
+    return [items[int(step * i + step / 2)] for i in range(count)]
 
 
 def greedy_check(requests: list[TokenizedRequest], quill: dict, hf: dict) -> dict:
@@ -281,6 +313,55 @@ def chat(s: Settings, loaded: LoadedModel, log) -> dict:
     }
 
 
+# ---- part 3: one decode step, where the time goes ----------------------------------------------
+
+
+def top_ops(fn, count: int = 8) -> list[dict]:
+    """The operators that took most of one call's time (self CPU time), by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:count]
+    return [{"op": e.key, "ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in ops]
+
+
+def decode_step(s: Settings, reference, loaded: LoadedModel, log) -> dict:
+    """One decode step of `step_rows` sequences whose `step_prompt`-token prompts were run first: Quill's model
+    step (the engine's forward pass, without scheduling or sampling) against transformers' forward of one token a
+    row with its cache (what each step of `generate()` runs), in turn each repeat; then one profiled step of each.
+    Each call advances its state: a decode step costs the same at any position."""
+    rows, vocab = s.step_rows, loaded.model.config.vocab_size
+    g = torch.Generator().manual_seed(s.seed + 11)
+    prompts = torch.randint(1, vocab, (rows, s.step_prompt), generator=g)
+    token = torch.randint(1, vocab, (rows, 1), generator=g)
+    model, slots = loaded.model, list(range(rows))
+    state = model.new_state(rows)
+    model.step(StepBatch.build(prompts.tolist(), [0] * rows, slots=slots), state)
+    batch = StepBatch.build(token.tolist(), [s.step_prompt] * rows, slots=slots)
+    with torch.no_grad():
+        cache = reference(prompts, use_cache=True).cache_params
+
+    def hf():
+        with torch.no_grad():
+            return reference(token, cache_params=cache, use_cache=True).logits
+
+    contenders = {"quill": lambda: model.step(batch, state), "transformers": hf}
+    for fn in contenders.values():
+        fn()
+    ms = {name: [] for name in contenders}
+    for _ in range(s.step_repeats):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            fn()
+            ms[name].append(1e3 * (time.perf_counter() - start))
+    medians = {name: statistics.median(t) for name, t in ms.items()}
+    log(f"  decode step of {rows}: " + ", ".join(f"{name} {m:.0f} ms" for name, m in medians.items()))
+    return {"rows": rows, "prompt_tokens": s.step_prompt, "ms": ms, "median_ms": medians,
+            "transformers_vs_quill": medians["transformers"] / medians["quill"],
+            "top_ops": {name: top_ops(fn) for name, fn in contenders.items()}}
+
+
 # ---- the run -----------------------------------------------------------------------------
 
 
@@ -288,10 +369,11 @@ def run(args: argparse.Namespace, log=print) -> dict:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     s = SMOKE if args.smoke else Settings()
     s = replace(s, **{k: v for k, v in dict(
-        repeats=args.repeats, chat_repeats=args.chat_repeats or args.repeats, serial_requests=args.serial_requests,
+        repeats=args.repeats, chat_repeats=args.chat_repeats, serial_requests=args.serial_requests,
         chat_prompt=args.chat_prompt).items() if v is not None})
     results = {"machine": describe_machine(), "load_average_start": load_average(), "settings": asdict(s),
-               "smoke": args.smoke, "shapes": {}}
+               "smoke": args.smoke, "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+               "shapes": {}}
     log(f"{results['machine']['cpu']}, {results['machine']['cores']} cores, torch {results['machine']['torch']} "
         f"with {torch.get_num_threads()} threads, load average {results['load_average_start']}")
     for shape in args.shapes:
@@ -310,7 +392,12 @@ def run(args: argparse.Namespace, log=print) -> dict:
                 continue
             start = time.perf_counter()
             log(f"{shape}: {part}")
-            out[part] = throughput(s, reference, loaded, log) if part == "throughput" else chat(s, loaded, log)
+            if part == "throughput":
+                out[part] = throughput(s, reference, loaded, log)
+            elif part == "chat":
+                out[part] = chat(s, loaded, log)
+            else:
+                out[part] = decode_step(s, reference, loaded, log)
             part_seconds[part] = time.perf_counter() - start
             out["load_average_after"] = load_average()
     results["load_average_end"] = load_average()
@@ -340,6 +427,10 @@ def summary(results: dict) -> str:
                          f"{1e3 * on['first_token_s']:.0f} ms with prefix caching, {1e3 * off['first_token_s']:.0f} ms "
                          f"without ({c['first_token_speedup']:.1f}x); whole answer {on['answer_s']:.2f} s against "
                          f"{off['answer_s']:.2f} s ({c['answer_speedup']:.1f}x)")
+        if "step" in out:
+            d = out["step"]
+            lines.append(f"decode step of {d['rows']} sequences: Quill {d['median_ms']['quill']:.0f} ms, transformers "
+                         f"{d['median_ms']['transformers']:.0f} ms ({d['transformers_vs_quill']:.2f}x)")
     return "\n".join(lines)
 
 
@@ -348,9 +439,9 @@ def main(argv: list[str] | None = None) -> dict:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
-    parser.add_argument("--repeats", type=int, help="throughput repeats (default 3)")
-    parser.add_argument("--chat-repeats", type=int, help="chat repeats (default: --repeats, else 3)")
-    parser.add_argument("--serial-requests", type=int, help="requests run one at a time by transformers (default 8)")
+    parser.add_argument("--repeats", type=int, help="throughput repeats (default 2)")
+    parser.add_argument("--chat-repeats", type=int, help="chat repeats (default 3)")
+    parser.add_argument("--serial-requests", type=int, help="requests run one at a time by transformers (default 4)")
     parser.add_argument("--chat-prompt", type=int, help="the first turn's prompt tokens (default 2000)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and requests: checks that it runs")

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 from benchmarks import state_models_bench
 
 
-def test_smoke_run_measures_every_contender_and_both_chats(tmp_path):
+def test_smoke_run_measures_every_contender_both_chats_and_a_decode_step(tmp_path):
     out = tmp_path / "state_models.json"
     results = state_models_bench.main(["--smoke", "--threads", "1", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
@@ -33,3 +33,5 @@ def test_smoke_run_measures_every_contender_and_both_chats(tmp_path):
         assert off["prefix_hit_tokens"] == 0
         assert c["conversation"]["second_prompt_tokens"] == 40 + 4 + 6
         assert c["first_token_speedup"] > 0
+        d = shape["step"]
+        assert set(d["median_ms"]) == {"quill", "transformers"} and all(d["top_ops"].values())
