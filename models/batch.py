@@ -77,6 +77,28 @@ class StepBatch:
         lens = to_device(self.query_lens, self.token_ids.device, torch.long)
         return self.seq_starts + lens - 1
 
+    def last_inputs(self, inputs: torch.Tensor, keep: int, dim: int = 1) -> torch.Tensor:
+        """`inputs` (B, ...) holding along `dim` each sequence's `keep` earlier inputs then its new ones, right-padded
+        to max_query_len -> each sequence's last `keep` real inputs (a convolution's window for its next step).
+        Sequence b's real inputs end at keep + query_lens[b], so its window starts at query_lens[b]."""
+        if min(self.query_lens) == self.max_query_len:  # no padding: the last `keep` of every row
+            return inputs.narrow(dim, inputs.shape[dim] - keep, keep)
+        starts = to_device(self.query_lens, inputs.device, torch.long)
+        index = starts[:, None] + torch.arange(keep, device=inputs.device)  # (B, keep)
+        shape = [1] * inputs.dim()
+        shape[0], shape[dim] = self.num_seqs, keep
+        size = list(inputs.shape)
+        size[dim] = keep
+        return inputs.gather(dim, index.view(shape).expand(size))
+
+    @classmethod
+    def whole(cls, tokens: torch.Tensor) -> "StepBatch":
+        """(B, T) token ids as B whole sequences from position 0, sequence b in slot b, every row scored."""
+        num_seqs, length = tokens.shape
+        device = tokens.device
+        return cls(token_ids=tokens.flatten(), positions=torch.arange(length, device=device).repeat(num_seqs),
+                   query_lens=[length] * num_seqs, slots=torch.arange(num_seqs, device=device))
+
     @classmethod
     def build(
         cls,

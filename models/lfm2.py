@@ -30,7 +30,6 @@ from torch import nn
 
 from .attention import PagedAttentionBackend, select_attention_backend
 from .batch import StepBatch
-from .host_copy import to_device
 from .kernels import TORCH_OPS, LayerOps
 from .state import HybridState, PagedKVCache, SlotState
 from .transformer import ROPE_SCALING_TYPES, RMSNorm, rope_scaling_type, rope_tables
@@ -171,13 +170,7 @@ class ShortConv(nn.Module):
         the new windows: each sequence's last K - 1 real inputs, never its padding."""
         inputs, gate = self.gated_inputs(h)
         seq = torch.cat([window.to(inputs.dtype), batch.pad(inputs)], dim=1)  # (B, K - 1 + Q, D)
-        out = self.out_proj(gate * batch.unpad(self.convolve(seq)))
-        if batch.max_query_len == 1:
-            return out, seq[:, 1:]
-        # Sequence b's real inputs end at K - 1 + query_len[b]: its new window starts at query_len[b].
-        starts = to_device(batch.query_lens, seq.device, torch.long)
-        kept = starts[:, None] + torch.arange(self.window, device=seq.device)  # (B, K - 1) rows of seq
-        return out, seq.gather(1, kept[..., None].expand(-1, -1, seq.shape[-1]))
+        return self.out_proj(gate * batch.unpad(self.convolve(seq))), batch.last_inputs(seq, self.window)
 
 
 class Attention(nn.Module):

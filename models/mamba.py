@@ -26,9 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .batch import StepBatch, split_decodes
-from .host_copy import to_device
 from .mamba_scan import scan_step, selective_scan
+from .slot_model import SlotLanguageModel
 from .state import SlotState
+from .transformer import RMSNorm
 
 ACTIVATIONS = ("silu", "swish")  # the convolution's activation: the only one Quill runs
 # What transformers' MambaConfig / FalconMambaConfig assume when config.json leaves a key out.
@@ -89,21 +90,10 @@ def read_config(raw: dict) -> MambaConfig:
     )
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """Normalized in float32, returned in the weight's dtype (weightless: in x's)."""
+def weightless_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Falcon-Mamba's norm of dt, B and C: normalized in float32, returned in x's dtype."""
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return h.type_as(x) if weight is None else weight * h.to(weight.dtype)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
 
 
 class MambaMixer(nn.Module):
@@ -148,14 +138,11 @@ class MambaMixer(nn.Module):
         rows = part.pad(u)  # (R, Q, d_inner), right-padded with zeros
         inputs = torch.cat([window.to(u.dtype), rows.transpose(1, 2)], dim=-1)  # (R, d_inner, d_conv - 1 + Q)
         conv = F.silu(F.conv1d(inputs, self.conv1d.weight, self.conv1d.bias, groups=c.d_inner)).transpose(1, 2)
-        lengths = None
-        if part.max_query_len > 1 and min(part.query_lens) < part.max_query_len:
-            lengths = to_device(part.query_lens, u.device, torch.long)
-        state["conv"][where] = self._last_inputs(inputs, lengths).to(state["conv"].dtype)
+        state["conv"][where] = part.last_inputs(inputs, c.d_conv - 1, dim=-1).to(state["conv"].dtype)
         u = part.unpad(conv)  # (T, d_inner)
         dt, B, C = self.x_proj(u).split([c.dt_rank, c.d_state, c.d_state], dim=-1)
         if c.bcdt_norm:
-            dt, B, C = (rms_norm(t, None, c.mixer_norm_eps) for t in (dt, B, C))
+            dt, B, C = (weightless_rms_norm(t, c.mixer_norm_eps) for t in (dt, B, C))
         dt = F.softplus(self.dt_proj(dt).float())  # (T, d_inner)
         A = -torch.exp(self.A_log.float())  # (d_inner, d_state)
         u32, B, C = u.float(), B.float(), C.float()
@@ -167,37 +154,39 @@ class MambaMixer(nn.Module):
         state["ssm"][where] = ssm
         return u, y
 
-    def _last_inputs(self, inputs: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
-        """(R, d_inner, d_conv - 1) the convolution inputs up to each row's last real token."""
-        keep = self.config.d_conv - 1
-        if lengths is None:
-            return inputs[..., inputs.shape[-1] - keep:]
-        index = lengths.unsqueeze(1) + torch.arange(keep, device=inputs.device)  # (R, keep): row's last inputs
-        return inputs.gather(-1, index.unsqueeze(1).expand(-1, inputs.shape[1], -1))
-
 
 class MambaBlock(nn.Module):
-    def __init__(self, c: MambaConfig):
+    """A residual layer's norm and mixer (Mamba's or Mamba-2's)."""
+
+    def __init__(self, width: int, eps: float, mixer: nn.Module):
         super().__init__()
-        self.norm = RMSNorm(c.d_model, c.norm_eps)
-        self.mixer = MambaMixer(c)
+        self.norm = RMSNorm(width, eps)
+        self.mixer = mixer
 
 
 class MambaBackbone(nn.Module):
-    def __init__(self, c: MambaConfig):
+    """Both Mamba generations' modules as transformers names them (backbone.layers.0.mixer.in_proj.weight, ...):
+    embeddings -> layers -> norm_f, the residual stream in float32 (residual_in_fp32) and each norm's input in
+    the model's dtype, as transformers runs them."""
+
+    def __init__(self, vocab_size: int, width: int, eps: float, mixers: list[nn.Module]):
         super().__init__()
-        self.embeddings = nn.Embedding(c.vocab_size, c.d_model)
-        self.layers = nn.ModuleList(MambaBlock(c) for _ in range(c.n_layers))
-        self.norm_f = RMSNorm(c.d_model, c.norm_eps)
+        self.embeddings = nn.Embedding(vocab_size, width)
+        self.layers = nn.ModuleList(MambaBlock(width, eps, mixer) for mixer in mixers)
+        self.norm_f = RMSNorm(width, eps)
+
+    def logits(self, residual: torch.Tensor, lm_head: nn.Linear | None) -> torch.Tensor:
+        """The final norm and the LM head (None: tied to the embeddings) -> float32 logits."""
+        weight = self.embeddings.weight if lm_head is None else lm_head.weight
+        return F.linear(self.norm_f(residual).to(weight.dtype), weight).float()
 
 
-class MambaLanguageModel(nn.Module):
-    state_kind = SlotState.kind
-
+class MambaLanguageModel(SlotLanguageModel):
     def __init__(self, config: MambaConfig):
         super().__init__()
         self.config = config
-        self.backbone = MambaBackbone(config)  # transformers' names: backbone.layers.0.mixer.in_proj.weight, ...
+        self.backbone = MambaBackbone(config.vocab_size, config.d_model, config.norm_eps,
+                                      [MambaMixer(config) for _ in range(config.n_layers)])
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         # Positions per chunk of a prefill's scan; None: chosen for the device (mamba_scan.chunk_length).
         self.scan_chunk: int | None = None
@@ -209,20 +198,11 @@ class MambaLanguageModel(nn.Module):
         x = self.backbone.embeddings(batch.token_ids)
         residual = x.float() if self.config.residual_in_fp32 else x
         for i, block in enumerate(self.backbone.layers):
-            residual = residual + block.mixer(block.norm(residual), parts, state, i, self.scan_chunk)
+            residual = residual + block.mixer(block.norm(residual.to(x.dtype)), parts, state, i, self.scan_chunk)
         return residual
 
     def _logits(self, residual: torch.Tensor) -> torch.Tensor:
-        weight = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(self.backbone.norm_f(residual).to(weight.dtype), weight).float()
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, V) logits, from an empty state."""
-        num_seqs, length = tokens.shape
-        device = tokens.device
-        batch = StepBatch(token_ids=tokens.flatten(), positions=torch.arange(length, device=device).repeat(num_seqs),
-                          query_lens=[length] * num_seqs, slots=torch.arange(num_seqs, device=device))
-        return self._logits(self._hidden(batch, self.new_state(num_seqs))).view(num_seqs, length, -1)
+        return self.backbone.logits(residual, self.lm_head)
 
     def new_state(self, num_slots: int, dtype: torch.dtype | None = None) -> SlotState:
         """Per slot and layer: `conv` (d_inner, d_conv - 1) in `dtype` (default: the weights'), `ssm`
@@ -233,11 +213,3 @@ class MambaLanguageModel(nn.Module):
                                 device=like.device),
             "ssm": torch.zeros(num_slots, c.n_layers, c.d_inner, c.d_state, dtype=torch.float32, device=like.device),
         })
-
-    @torch.inference_mode()
-    def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
-        """Run the new tokens of each sequence from its slot; update the slots in place."""
-        out = self._hidden(batch, state)  # (T, d_model)
-        if batch.logits_indices is not None:
-            out = out[batch.logits_indices]
-        return self._logits(out)

@@ -28,6 +28,8 @@ from torch import nn
 
 from .batch import StepBatch
 from .host_copy import to_device
+from .mamba import MambaBackbone
+from .slot_model import SlotLanguageModel
 from .ssd import ssd_chunked, ssd_step
 from .state import SlotState
 
@@ -110,18 +112,6 @@ def read_config(raw: dict) -> Mamba2Config:
     )
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalised in float32, back in x's dtype before the weight."""
-        h = x.float()
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
-
 class GatedRMSNorm(nn.Module):
     """RMSNorm over groups of d_inner / n_groups channels, gated by SiLU(z), in float32."""
 
@@ -151,18 +141,15 @@ class Mamba2Mixer(nn.Module):
         self.out_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.use_bias)
 
     def forward(self, h: torch.Tensor, window: torch.Tensor, ssm: torch.Tensor, real: torch.Tensor | None,
-                window_index: torch.Tensor | None):
-        """h (B, Q, hidden) after `window` (B, d_conv - 1, conv_dim) and `ssm` (B, heads, head_dim, d_state).
-        `real` (B, Q) bool marks real tokens (None: all are); `window_index` (B, d_conv - 1) where each row's
-        new window sits in [window; inputs] (None: the last d_conv - 1). -> (out, new window, new ssm)."""
+                batch: StepBatch):
+        """h (B, Q, hidden) the step's tokens, padded, after `window` (B, d_conv - 1, conv_dim) and `ssm`
+        (B, heads, head_dim, d_state). `real` (B, Q) bool marks real tokens (None: all are).
+        -> (out, new window, new ssm)."""
         c = self.config
         steps = h.shape[1]
         z, xbc, dt = self.in_proj(h).split([c.intermediate_size, c.conv_dim, c.num_heads], dim=-1)
         full = torch.cat([window.to(xbc.dtype), xbc], dim=1)  # (B, d_conv - 1 + Q, conv_dim)
-        if window_index is None:
-            new_window = full[:, steps:]
-        else:
-            new_window = full.gather(1, window_index[..., None].expand(-1, -1, c.conv_dim))
+        new_window = batch.last_inputs(full, c.conv_kernel - 1)
         xbc = F.silu(self.conv1d(full.transpose(1, 2)).transpose(1, 2))  # (B, Q, conv_dim)
         x, B, C = xbc.float().split([c.intermediate_size, c.n_groups * c.state_size, c.n_groups * c.state_size], -1)
         x = x.unflatten(-1, (c.num_heads, c.head_dim))
@@ -180,55 +167,33 @@ class Mamba2Mixer(nn.Module):
         return self.out_proj(self.norm(y, z).to(h.dtype)), new_window, ssm
 
 
-class Mamba2Block(nn.Module):
-    def __init__(self, config: Mamba2Config):
-        super().__init__()
-        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.mixer = Mamba2Mixer(config)
-
-
-class Mamba2Backbone(nn.Module):
-    def __init__(self, config: Mamba2Config):
-        super().__init__()
-        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Mamba2Block(config) for _ in range(config.num_layers))
-        self.norm_f = RMSNorm(config.hidden_size, config.norm_eps)
-
-
-class Mamba2LanguageModel(nn.Module):
-    state_kind = SlotState.kind
-
+class Mamba2LanguageModel(SlotLanguageModel):
     def __init__(self, config: Mamba2Config):
         super().__init__()
         self.config = config
-        self.backbone = Mamba2Backbone(config)
+        self.backbone = MambaBackbone(config.vocab_size, config.hidden_size, config.norm_eps,
+                                      [Mamba2Mixer(config) for _ in range(config.num_layers)])
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
-    def _run(self, h: torch.Tensor, read, write, real: torch.Tensor | None,
-             window_index: torch.Tensor | None) -> torch.Tensor:
-        """(B, Q, hidden) embeddings through every layer: `read(i)` gives layer i's (window, ssm) state,
-        `write(i, window, ssm)` takes its new one. -> (B, Q, hidden) after the final norm."""
+    def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
+        """(T, hidden) the residual stream after the last layer, for the step's packed tokens (run padded to the
+        longest); the slots updated in place, a layer at a time."""
+        real = None
+        if min(batch.query_lens) < batch.max_query_len:  # sequences of different lengths: padding must not count
+            lens = to_device(batch.query_lens, batch.token_ids.device, torch.long)
+            real = torch.arange(batch.max_query_len, device=lens.device) < lens[:, None]
+        h = batch.pad(self.backbone.embeddings(batch.token_ids))
         residual = h.float() if self.config.residual_in_fp32 else h
+        conv, ssm = state["conv"], state["ssm"]
         for i, block in enumerate(self.backbone.layers):
-            out, window, ssm = block.mixer(block.norm(residual.to(h.dtype)), *read(i), real, window_index)
-            write(i, window, ssm)
+            where = (batch.slots, i)
+            out, window, layer_ssm = block.mixer(block.norm(residual.to(h.dtype)), conv[where], ssm[where], real, batch)
+            conv[where], ssm[where] = window, layer_ssm
             residual = residual + out
-        return self.backbone.norm_f(residual)
+        return batch.unpad(residual)
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        weight = self.backbone.embeddings.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h.to(weight.dtype), weight).float()
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, V) logits, from an empty state."""
-        c, like, batch = self.config, self.backbone.embeddings.weight, tokens.shape[0]
-
-        def read(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return (like.new_zeros(batch, c.conv_kernel - 1, c.conv_dim),
-                    torch.zeros(batch, c.num_heads, c.head_dim, c.state_size, device=like.device))
-
-        h = self._run(self.backbone.embeddings(tokens), read, lambda *_: None, None, None)
-        return self._logits(h)
+    def _logits(self, residual: torch.Tensor) -> torch.Tensor:
+        return self.backbone.logits(residual, self.lm_head)
 
     def new_state(self, num_slots: int, dtype: torch.dtype | None = None) -> SlotState:
         """Per slot: "conv" (layers, d_conv - 1, conv_dim) in `dtype` (default: the weights'), "ssm" (layers,
@@ -239,28 +204,3 @@ class Mamba2LanguageModel(nn.Module):
         ssm = torch.zeros(num_slots, c.num_layers, c.num_heads, c.head_dim, c.state_size, dtype=torch.float32,
                           device=like.device)
         return SlotState({"conv": conv, "ssm": ssm})
-
-    @torch.inference_mode()
-    def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
-        """Run the new tokens of each sequence from its slot; update the slots in place."""
-        slots, width = batch.slots, self.config.conv_kernel - 1
-        real = window_index = None
-        if batch.max_query_len > 1:  # sequences of different lengths: padding must not reach the state
-            lens = to_device(batch.query_lens, batch.token_ids.device, torch.long)
-            real = torch.arange(batch.max_query_len, device=lens.device) < lens[:, None]
-            window_index = lens[:, None] + torch.arange(width, device=lens.device)  # the last real inputs
-
-        conv, ssm = state["conv"], state["ssm"]
-
-        def read(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return conv[:, i][slots], ssm[:, i][slots]
-
-        def write(i: int, new_window: torch.Tensor, new_ssm: torch.Tensor) -> None:
-            conv[:, i][slots] = new_window
-            ssm[:, i][slots] = new_ssm
-
-        h = self._run(batch.pad(self.backbone.embeddings(batch.token_ids)), read, write, real, window_index)
-        h = batch.unpad(h)
-        if batch.logits_indices is not None:
-            h = h[batch.logits_indices]
-        return self._logits(h)

@@ -24,6 +24,7 @@ from torch import nn
 
 from . import mlstm
 from .batch import StepBatch, split_decodes as cell_parts
+from .slot_model import SlotLanguageModel
 from .state import SlotState
 
 WEIGHT_MODES = ("single", "fused")  # q, k, v, gates as separate matrices or concatenated ones
@@ -214,9 +215,7 @@ class XLSTMBackbone(nn.Module):
         self.out_norm = RMSNorm(config.d_model, config.norm_eps, bias=False)
 
 
-class XLSTMLanguageModel(nn.Module):
-    state_kind = SlotState.kind
-
+class XLSTMLanguageModel(SlotLanguageModel):
     def __init__(self, config: XLSTMConfig):
         super().__init__()
         self.config = config
@@ -248,22 +247,6 @@ class XLSTMLanguageModel(nn.Module):
         for index, block in enumerate(self.backbone.blocks):
             x = block(x, state, index, parts)
         return x
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, V) logits, from an empty state."""
-        num_seqs, length = tokens.shape
-        device = tokens.device
-        batch = StepBatch(token_ids=tokens.flatten(), positions=torch.arange(length, device=device).repeat(num_seqs),
-                          query_lens=[length] * num_seqs, slots=torch.arange(num_seqs, device=device))
-        return self._logits(self._hidden(batch, self.new_state(num_seqs))).view(num_seqs, length, -1)
-
-    @torch.inference_mode()
-    def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
-        """Run the new tokens of each sequence from its slot; update the slots in place."""
-        x = self._hidden(batch, state)
-        if batch.logits_indices is not None:
-            x = x[batch.logits_indices]
-        return self._logits(x)
 
 
 # ---- config.json ------------------------------------------------------------------------

@@ -1,0 +1,31 @@
+import torch
+
+from models.batch import StepBatch
+
+
+def _window_then_inputs(batch: StepBatch, keep: int) -> torch.Tensor:
+    """(B, keep + max_query_len) each sequence's window (-1 - its index) then its new tokens, right-padded with 0."""
+    windows = -torch.arange(1, keep + 1).repeat(batch.num_seqs, 1)
+    return torch.cat([windows, batch.pad(batch.token_ids)], dim=1)
+
+
+def test_last_inputs_are_each_sequences_last_real_ones():
+    batch = StepBatch.build([[11, 12, 13, 14], [21], [31, 32]], [0, 0, 0])
+    seq = _window_then_inputs(batch, keep=2)
+    assert batch.last_inputs(seq, 2).tolist() == [[13, 14], [-2, 21], [31, 32]]
+    # the same along the last dimension of a (B, channels, time) layout
+    channels = seq[:, None, :].expand(-1, 3, -1)
+    assert batch.last_inputs(channels, 2, dim=-1).tolist() == [[[13, 14]] * 3, [[-2, 21]] * 3, [[31, 32]] * 3]
+
+
+def test_last_inputs_without_padding_and_of_decodes():
+    for tokens in ([[1, 2, 3], [4, 5, 6]], [[7], [8]]):
+        batch = StepBatch.build(tokens, [0, 0])
+        seq = _window_then_inputs(batch, keep=3)
+        assert batch.last_inputs(seq, 3).tolist() == [row[-3:] for row in seq.tolist()]
+
+
+def test_whole_sequences():
+    batch = StepBatch.whole(torch.tensor([[5, 6, 7], [8, 9, 10]]))
+    assert batch.query_lens == [3, 3] and batch.slots.tolist() == [0, 1]
+    assert batch.positions.tolist() == [0, 1, 2, 0, 1, 2] and batch.logits_indices is None
