@@ -99,3 +99,23 @@ class HybridState:
     def __init__(self, kv: PagedKVCache, slots: SlotState):
         self.kv = kv
         self.slots = slots
+
+
+def new_model_state(model, num_blocks: int, num_slots: int, block_size: int | None):
+    """A model's state with room for `num_blocks` K,V blocks and `num_slots` slots, of the kinds it holds (each
+    model's `new_state` takes only its own): a Transformer's blocks, a recurrent model's slots, a hybrid's both.
+    `block_size`: tokens per K,V block (None for a model without K,V)."""
+    if model.state_kind == HybridState.kind:
+        return model.new_state(num_blocks, num_slots, block_size=block_size)
+    if model.state_kind == PagedKVCache.kind:
+        return model.new_state(num_blocks, block_size=block_size)
+    if model.state_kind == SlotState.kind:
+        return model.new_state(num_slots)
+    raise ValueError(f"unknown state kind {model.state_kind!r} (known: paged_kv, slots, hybrid)")
+
+
+def state_parts(state) -> tuple[PagedKVCache | None, SlotState | None]:
+    """A model's state as its K,V blocks and its slots, None for a kind it does not hold."""
+    if state.kind == HybridState.kind:
+        return state.kv, state.slots
+    return (state, None) if state.kind == PagedKVCache.kind else (None, state)

@@ -21,7 +21,7 @@ from itertools import chain
 import torch
 
 from models.batch import StepBatch
-from models.state import HybridState
+from models.state import new_model_state, state_parts
 
 DEFAULT_CACHE_BYTES = 256 * 2**20  # off CUDA, when no size is given
 
@@ -70,7 +70,7 @@ def _device(model) -> torch.device:
 def profile_step(model, state, max_num_batched_tokens: int, max_model_len: int) -> torch.Tensor:
     """One step of `max_num_batched_tokens` new tokens, as prompts of at most `max_model_len` tokens
     (learned positions end there), with logits for every row; `state` must hold them all."""
-    kv = getattr(state, "kv", state)  # a hybrid model's K,V beside its slots
+    kv, slots = state_parts(state)  # a hybrid model holds slots beside its K,V
     length = min(max_num_batched_tokens, max_model_len)
     prompts, tables, next_block = [], [], 0
     for start in range(0, max_num_batched_tokens, length):
@@ -79,8 +79,8 @@ def profile_step(model, state, max_num_batched_tokens: int, max_model_len: int) 
         prompts.append([0] * n)
         tables.append(list(range(next_block, next_block + num_blocks)))
         next_block += num_blocks
-    slots = list(range(len(prompts))) if kv is not state else None
-    batch = StepBatch.build(prompts, [0] * len(prompts), block_tables=tables, slots=slots, logits="all",
+    batch = StepBatch.build(prompts, [0] * len(prompts), block_tables=tables, logits="all",
+                            slots=None if slots is None else list(range(len(prompts))),
                             device=kv.k.device)
     logits = model.step(batch, state)  # (max_num_batched_tokens, V)
     return torch.log_softmax(logits, dim=-1)  # prompt scoring holds a second copy
@@ -89,13 +89,13 @@ def profile_step(model, state, max_num_batched_tokens: int, max_model_len: int) 
 def profile_decode_step(model, state, batch_size: int, max_model_len: int) -> torch.Tensor:
     """The step a CUDA graph of `batch_size` sequences runs: one token each, block tables as wide as the
     longest sequence, logits for every row. Every row reads block 0 only; `state` needs one block."""
-    kv = getattr(state, "kv", state)
+    kv, slots = state_parts(state)
     device = kv.k.device
     width = -(-max_model_len // kv.block_size)
     zeros = torch.zeros(batch_size, dtype=torch.long, device=device)
     batch = StepBatch(token_ids=zeros, positions=zeros, query_lens=[1] * batch_size,
                       block_tables=torch.zeros(batch_size, width, dtype=torch.long, device=device),
-                      slots=zeros if kv is not state else None)  # a hybrid's rows all read slot 0
+                      slots=None if slots is None else zeros)  # a hybrid's rows all read slot 0
     return model.step(batch, state)  # (batch_size, V)
 
 
@@ -111,11 +111,9 @@ def measure_gpu_memory(model, block_size: int, max_num_batched_tokens: int, max_
     """The figures `kv_cache_bytes` needs, read from the CUDA device the model is on."""
     device = _device(model)
     weights = sum(t.numel() * t.element_size() for t in chain(model.parameters(), model.buffers()))
-    num_blocks = profile_blocks(max_num_batched_tokens, max_model_len, block_size)
-    if model.state_kind == HybridState.kind:  # a slot for each prompt of the profiling step
-        state = model.new_state(num_blocks, -(-max_num_batched_tokens // max_model_len), block_size=block_size)
-    else:
-        state = model.new_state(num_blocks, block_size=block_size)
+    num_prompts = -(-max_num_batched_tokens // max_model_len)  # of the profiling step: a hybrid's slot each
+    state = new_model_state(model, profile_blocks(max_num_batched_tokens, max_model_len, block_size), num_prompts,
+                            block_size)
 
     def peak_of(step) -> int:
         torch.cuda.synchronize(device)

@@ -275,17 +275,17 @@ class ModelRunner:
         packed.longest = longest
         return packed, logit_rows
 
-    def _argmax_only(self, logit_rows: "_LogitRows", num_rows: int) -> list[bool] | None:
-        """Per logits row: whether only its argmax is read (SamplingParams.needs_only_argmax); None when no row
-        is, or the model gains nothing from knowing."""
+    def _argmax_only(self, logit_rows: "_LogitRows", num_rows: int) -> torch.Tensor | None:
+        """(logits rows,) bool on the device: whether only a row's argmax is read (SamplingParams.needs_only_argmax);
+        None when no row is, or the model gains nothing from knowing."""
         if not self.cheap_argmax:
             return None
         marks = [False] * num_rows
         for seq, row in logit_rows.sampled:
             marks[row] = seq.group.params.needs_only_argmax(seq.num_output_tokens)
-        return marks if any(marks) else None
+        return to_device(marks, self.device, torch.bool) if any(marks) else None
 
-    def _step_batch(self, packed: "_Packed", argmax_only: list[bool] | None = None) -> StepBatch:
+    def _step_batch(self, packed: "_Packed", argmax_only: torch.Tensor | None = None) -> StepBatch:
         """An eager step's input: the fronts of the persistent buffers, block tables as wide as the longest
         sequence of the step needs."""
         token_ids = self._upload(self.token_ids, packed.tokens)
@@ -295,7 +295,7 @@ class ModelRunner:
             positions=self._upload(self.positions, packed.positions),
             query_lens=packed.query_lens,
             logits_indices=self._upload(self.logits_indices, packed.rows),
-            argmax_only=None if argmax_only is None else to_device(argmax_only, self.device, torch.bool),
+            argmax_only=argmax_only,
         )
         rows = self._upload(self.table_rows, packed.table_rows)
         self.layout.locate(step, self.table.gather(rows, self.layout.columns(packed.longest)))
@@ -344,13 +344,15 @@ class ModelRunner:
             self._upload(self.sample_slots, slots), params, generators, prompt_ids, output_ids,
             self.loaded.eos_token_ids, allowed,
         )
-        if len(rows) != logits.shape[0] or rows != list(range(len(rows))):  # not simply every row in order
-            logits = logits.index_select(0, to_device(rows, logits.device))
+        picked = None  # None: every row, in order
+        if len(rows) != logits.shape[0] or rows != list(range(len(rows))):
+            picked = to_device(rows, logits.device)
+            logits = logits.index_select(0, picked)
         out = sample(logits, sbatch)
         if out.logprobs is not None and logit_rows.argmax_only is not None:
             # An argmax-only row holds one finite score, its token's log-probability, which the sampler's
             # normalization would turn into 0: report the score itself, as the full distribution gives it.
-            quick = to_device([logit_rows.argmax_only[r] for r in rows], logits.device, torch.bool)
+            quick = logit_rows.argmax_only if picked is None else logit_rows.argmax_only.index_select(0, picked)
             own = logits.gather(1, out.token_ids[:, None]).squeeze(1)
             out.logprobs = torch.where(quick, own, out.logprobs)
         ids = transfer.add(out.token_ids)
@@ -458,7 +460,7 @@ class _LogitRows:
     sampled: list[tuple[Sequence, int]] = field(default_factory=list)  # sequence, its next-token row
     beam_rows: dict[SequenceGroup, dict[Sequence, int]] = field(default_factory=dict)
     scored: list[tuple[Sequence, int, int, int]] = field(default_factory=list)  # seq, first row, first pos, count
-    argmax_only: list[bool] | None = None  # per row: only its argmax was scored (StepBatch.argmax_only)
+    argmax_only: torch.Tensor | None = None  # (rows,) bool: only its argmax was scored (StepBatch.argmax_only)
 
     def next_token_seqs(self) -> list[Sequence]:
         """Every sequence that picks its next token this step (sampled or as a beam)."""

@@ -20,6 +20,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from models.batch import StepBatch
+from models.state import new_model_state, state_parts
 
 from .cache import CacheOp
 from .hybrid_cache import HybridCacheManager
@@ -118,12 +119,11 @@ def plan_state(model, cache, scheduler, max_model_len: int | None, spare: int, g
     sequence within `cache.cache_bytes` (256 MiB when not given). K,V blocks take `cache.cache_bytes` (or what
     memory.py measures is left on a GPU) less a hybrid's slots."""
     kinds: list[StateKind] = []
-    hybrid = model.state_kind == "hybrid"
-    probe = model.new_state(1, 1, block_size=cache.block_size) if hybrid else \
-        model.new_state(1, block_size=cache.block_size) if model.state_kind == "paged_kv" else model.new_state(1)
+    kv_probe, slots_probe = state_parts(new_model_state(model, 1, 1, cache.block_size))
+    hybrid = kv_probe is not None and slots_probe is not None
     slot_bytes = 0
-    if model.state_kind in ("slots", "hybrid"):
-        per_slot = (probe.slots if hybrid else probe).bytes_per_slot
+    if slots_probe is not None:
+        per_slot = slots_probe.bytes_per_slot
         num_seqs = scheduler.max_num_seqs
         num_snapshots = num_seqs * cache.snapshots_per_seq
         if not hybrid:  # snapshots take what the cache budget leaves beside the sequences' own slots
@@ -132,14 +132,12 @@ def plan_state(model, cache, scheduler, max_model_len: int | None, spare: int, g
         kinds.append(Slots(num_seqs, num_snapshots, cache.block_size, cache.enable_prefix_caching,
                            aligned=hybrid))  # a hybrid's snapshots must meet whole K,V blocks
         slot_bytes = per_slot * (num_seqs + num_snapshots + spare)
-    if model.state_kind in ("paged_kv", "hybrid"):
+    if kv_probe is not None:
         num_blocks = cache.num_blocks or max(1, (choose_cache_bytes(
             model, cache.cache_bytes, cache.gpu_memory_utilization, cache.block_size,
             scheduler.max_num_batched_tokens, max_model_len, graph_batch_size,
-        ) - slot_bytes) // getattr(probe, "kv", probe).bytes_per_block)
+        ) - slot_bytes) // kv_probe.bytes_per_block)
         kinds.append(KVBlocks(num_blocks, cache.block_size, cache.enable_prefix_caching))
-    if not kinds:
-        raise ValueError(f"unknown state kind {model.state_kind!r} (known: paged_kv, slots, hybrid)")
     return StateLayout(model, kinds, spare, max_model_len)
 
 
@@ -155,19 +153,14 @@ class StateLayout:
         self.hybrid = len(kinds) > 1
         self._by_part = {kind.part: kind for kind in self.kinds}
         kv, slots = self._by_part.get("kv"), self._by_part.get("slots")
-        if self.hybrid:
-            self.state = model.new_state(kv.num_blocks + spare, slots.num_slots + spare, block_size=kv.block_size)
-            self.cache = HybridCacheManager(slots.manager, kv.manager)
-        elif kv is not None:
-            self.state = model.new_state(kv.num_blocks + spare, block_size=kv.block_size)
-            self.cache = kv.manager
-        else:
-            self.state = model.new_state(slots.num_slots + spare)
-            self.cache = slots.manager
-        self.block_size = kv.block_size if kv is not None else None  # None: a step's width is fixed
+        self.block_size = None if kv is None else kv.block_size  # None: a step's width is fixed
+        self.state = new_model_state(model, 0 if kv is None else kv.num_blocks + spare,
+                                     0 if slots is None else slots.num_slots + spare, self.block_size)
+        self._tensors = dict(zip(("kv", "slots"), state_parts(self.state)))
+        self.cache = HybridCacheManager(slots.manager, kv.manager) if self.hybrid else self.kinds[0].manager
 
     def tensors(self, kind: StateKind):
-        return getattr(self.state, kind.part) if self.hybrid else self.state
+        return self._tensors[kind.part]
 
     def apply(self, ops: list[CacheOp]) -> None:
         """Carry out the managers' device work, in order."""

@@ -113,3 +113,20 @@ def test_graph_memory_is_measured_only_when_graphs_are_captured(monkeypatch):
     eager = memory.measure_gpu_memory(model, 16, 64, model.config.max_seq_len)
     graphs = memory.measure_gpu_memory(model, 16, 64, model.config.max_seq_len, graph_batch_size=48)
     assert (eager.graphs, graphs.graphs, decode_steps) == (0, 3 * GiB, [48])
+
+
+def test_a_hybrid_models_profiling_steps_run_on_its_blocks_and_slots(monkeypatch, tmp_path):
+    """LFM2 (conv slots beside attention K,V): both profiling steps get a state of both kinds and score every row."""
+    from models.checkpoint import load_checkpoint
+    from tests.hf_state_models.lfm2 import V, save_tiny
+
+    save_tiny(tmp_path)
+    model = load_checkpoint(tmp_path, device="cpu", dtype="float32").model
+    FakeCuda(monkeypatch, held=0, peak=GiB, free=79 * GiB, reserved=0)
+    steps = []
+    for name in ("profile_step", "profile_decode_step"):
+        real = getattr(memory, name)
+        monkeypatch.setattr(memory, name, lambda *args, real=real: steps.append(real(*args)))
+    figures = memory.measure_gpu_memory(model, 16, 100, 64, graph_batch_size=8)
+    assert figures.peak_activations == GiB and figures.graphs == GiB
+    assert [tuple(s.shape) for s in steps] == [(100, V), (8, V)] and all(torch.isfinite(s).all() for s in steps)
