@@ -23,7 +23,6 @@ from torch import nn
 
 from .adaptive_softmax import AdaptiveSoftmax
 from .batch import StepBatch
-from .host_copy import to_device
 from .state import SlotState
 
 
@@ -179,14 +178,8 @@ class FConvLanguageModel(nn.Module):
         histories = self._split_windows(state["windows"][batch.slots])
         tokens = batch.pad(batch.token_ids)  # (B, Q), right-padded: pads only follow real positions
         h, fulls = self._run(tokens, histories)
-        if batch.max_query_len == 1:  # decode: each window drops its oldest input
-            windows = [full[:, 1:] for full in fulls]
-        else:  # each window is the k-1 inputs before the sequence's own end
-            ends = to_device(batch.query_lens, h.device)
-            windows = [full.gather(1, (ends[:, None] + torch.arange(k - 1, device=h.device))[:, :, None]
-                                   .expand(-1, -1, full.shape[2]))
-                       for full, (_, k, _) in zip(fulls, self.config.layers)]
-        kept = [w.flatten(1) for w, (_, k, _) in zip(windows, self.config.layers) if k > 1]
+        kept = [batch.last_inputs(full, k - 1).flatten(1) for full, (_, k, _) in zip(fulls, self.config.layers)
+                if k > 1]
         if kept:
             state["windows"][batch.slots] = torch.cat(kept, dim=1)
         h = batch.unpad(h)

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .batch import StepBatch
-from .host_copy import to_device
 from .state import SlotState
 
 
@@ -137,15 +136,9 @@ class GCNNLanguageModel(nn.Module):
         windows = state["window"][batch.slots]  # (B, n_convs, k-1, C)
         x = batch.pad(self.embed(batch.token_ids))  # (B, Q, E), right-padded: pads never reach real positions
         h, inputs = self._run(x, list(windows.unbind(1)), serving=True)
-        # The new window of each conv is the k-1 inputs before each sequence's own end.
         k1 = self.config.kernel_size - 1
-        if k1 > 0 and batch.max_query_len == 1:  # decode: each window drops its oldest input
-            state["window"][batch.slots] = torch.stack([full[:, 1:] for full in inputs], dim=1)
-        elif k1 > 0:
-            ends = to_device(batch.query_lens, x.device)
-            take = (ends[:, None] + torch.arange(k1, device=x.device)[None, :])  # (B, k-1) into the full input
-            take = take[:, :, None].expand(-1, -1, self.config.d_model)
-            state["window"][batch.slots] = torch.stack([full.gather(1, take) for full in inputs], dim=1)
+        if k1 > 0:  # each conv's new window: the k-1 inputs before each sequence's own end
+            state["window"][batch.slots] = torch.stack([batch.last_inputs(full, k1) for full in inputs], dim=1)
         h = batch.unpad(h)
         if batch.logits_indices is not None:
             h = h[batch.logits_indices]
