@@ -20,6 +20,7 @@ from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.fake_cuda import CUDA, assert_on_cuda, fake_cuda, fake_model
+from tests.hf_state_models import assert_beams_match
 from tests.hf_state_models.lfm2 import TINY, V, save_tiny
 from tests.server.engine.graph_emulation import EmulatedGraphs, HostSyncGuard
 from tests.server.engine.helpers import run_to_completion
@@ -230,17 +231,10 @@ def test_engine_greedy_and_beam_search_match_transformers(tmp_path, graphs):
     for i, prompt in enumerate(prompts):
         greedy = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10)
         assert results[f"greedy{i}"][0]["token_ids"] == greedy[0, len(prompt):].tolist()
-        expected = reference.generate(
-            torch.tensor([prompt]), do_sample=False, num_beams=beam["num_beams"], num_return_sequences=beam["n"],
-            length_penalty=beam["length_penalty"], early_stopping=beam["early_stopping"],
-            max_new_tokens=beam["max_new_tokens"], output_scores=True, return_dict_in_generate=True,
-        )
-        for j in range(beam["n"]):
-            want = expected.sequences[j, len(prompt):].tolist()
-            while len(want) > len(results[f"beam{i}"][j]["token_ids"]) and want[-1] == eos:
-                want.pop()  # transformers pads a beam that ended early with the pad token (here EOS)
-            assert results[f"beam{i}"][j]["token_ids"] == want
-            assert results[f"beam{i}"][j]["score"] == pytest.approx(expected.sequences_scores[j].item(), abs=1e-4)
+        assert len(results[f"beam{i}"]) == beam["n"]
+        assert_beams_match(results[f"beam{i}"], reference, prompt, eos=eos, num_beams=beam["num_beams"],
+                           length_penalty=beam["length_penalty"], early_stopping=beam["early_stopping"],
+                           max_new_tokens=beam["max_new_tokens"])
     assert engine.cache.usage == 0
     if graphs:  # the capture went through (a failed one falls back to eager steps) and decode steps replayed it
         assert sum(capture.replays.values()) > 0

@@ -22,6 +22,7 @@ from models.mamba_scan import chunk_length, selective_scan
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
+from tests.hf_state_models import assert_beams_match
 from tests.hf_state_models.mamba import MODEL_TYPES, V, save_tiny
 from tests.server.engine.graph_emulation import EmulatedGraphs, HostSyncGuard
 from tests.server.engine.helpers import run_to_completion
@@ -221,17 +222,9 @@ def test_engine_beam_search_matches_transformers(pair):
         e.add_request(f"beam{i}", prompt, params)
     results = run_to_completion(e)
     for i, prompt in enumerate(PROMPTS):
-        expected = reference.generate(
-            torch.tensor([prompt]), do_sample=False, num_beams=3, num_return_sequences=2, max_new_tokens=6,
-            length_penalty=1.0, early_stopping=False, output_scores=True, return_dict_in_generate=True,
-            use_cache=False,
-        )
-        for j in range(2):
-            want = expected.sequences[j, len(prompt):].tolist()
-            while len(want) > len(results[f"beam{i}"][j]["token_ids"]) and want[-1] == EOS:
-                want.pop()  # transformers pads a beam that ended early with the pad token (EOS here)
-            assert results[f"beam{i}"][j]["token_ids"] == want, f"prompt {i}, beam {j}"
-            assert results[f"beam{i}"][j]["score"] == pytest.approx(expected.sequences_scores[j].item(), abs=1e-4)
+        assert len(results[f"beam{i}"]) == 2
+        assert_beams_match(results[f"beam{i}"], reference, prompt, eos=EOS, num_beams=3, max_new_tokens=6,
+                           length_penalty=1.0, early_stopping=False, use_cache=False)
 
 
 # ---- loading ---------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from models.checkpoint import LoadedModel
-from models.classic import fairseq_fconv  # noqa: F401  (registers the format)
 from models.classic.formats import convert
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
