@@ -1,4 +1,4 @@
-"""The models the benchmarks run: a random GPT-2 or Llama saved as a Hugging Face directory, and the
+"""The models the benchmarks run: a random GPT-2, Llama, Mamba or xLSTM saved as a Hugging Face directory, and the
 LSTM / gated-CNN defaults (bundled checkpoints when present, random weights otherwise).
 
 Throughput does not depend on what the weights are, only on their shapes, so random
@@ -52,7 +52,8 @@ def build_tokenizer(vocab_size: int) -> HFTokenizer:
 
 
 # Family -> (transformers config class, model class): the random checkpoints the benchmarks build.
-HF_FAMILIES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
+HF_FAMILIES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+               "mamba": ("MambaConfig", "MambaForCausalLM"), "xlstm": ("xLSTMConfig", "xLSTMForCausalLM")}
 
 
 @contextmanager
@@ -83,6 +84,8 @@ def save_random_model(directory: Path, family: str, config_kwargs: dict, seed: i
     config = getattr(transformers, config_name)(**config_kwargs, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     with torch.device(device), _default_dtype(dtype):
         model = getattr(transformers, model_name)(config).eval().requires_grad_(False)
+    if family == "xlstm":
+        randomize_xlstm_gates(model)
     # Never stop early: lengths must be exactly what each request asked for (Quill's ignore_eos).
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
@@ -90,6 +93,15 @@ def save_random_model(directory: Path, family: str, config_kwargs: dict, seed: i
     model.save_pretrained(directory, safe_serialization=True)
     build_tokenizer(config.vocab_size).save(str(directory / "tokenizer.json"))
     return model
+
+
+def randomize_xlstm_gates(model) -> None:
+    """Draw a transformers xLSTM's input and forget gates at random, as its other weights are: transformers starts
+    them at zero weights (and biases of -10)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "gate_preact" in name and "ogate" not in name:
+                param.normal_(0.0, 0.02 if name.endswith("weight") else 1.0)
 
 
 def save_random_gpt2(directory: Path, config_kwargs: dict, seed: int = 0):

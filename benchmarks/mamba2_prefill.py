@@ -12,18 +12,16 @@ shared machine moves less. Random weights: no download.
 
 from __future__ import annotations
 
-import argparse
 import json
-import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-from benchmarks.hardware import describe_device, describe_machine, load_average, synchronize
-from models.batch import StepBatch
 from models.hf_families import FAMILIES
 from models.mamba2 import Mamba2LanguageModel
+
+from . import prefill
+from .timing import write_json
 
 # state-spaces/mamba2-130m's shape (vocabulary 50,277 padded to a multiple of 16, tied embeddings).
 SHAPE_130M = dict(vocab_size=50288, hidden_size=768, num_hidden_layers=24, expand=2, num_heads=24, head_dim=64,
@@ -41,10 +39,7 @@ def build(shape: dict, device: torch.device):
     family = FAMILIES["mamba2"]
     raw = {**family.defaults, **json.loads(reference.config.to_json_string()), "time_step_limit": [0.0, "inf"]}
     ours = Mamba2LanguageModel(family.read_config(raw))
-    missing, unexpected = ours.load_state_dict(reference.state_dict(), strict=False)
-    if missing or set(unexpected) - {"lm_head.weight"}:  # tied: transformers lists lm_head, we do not
-        raise RuntimeError(f"state dicts differ: missing {missing}, unexpected {unexpected}")
-    return reference, ours.eval().to(device)
+    return reference, prefill.load_tied(ours, reference).eval().to(device)
 
 
 def set_chunk_size(model: Mamba2LanguageModel, chunk_size: int) -> None:
@@ -54,58 +49,14 @@ def set_chunk_size(model: Mamba2LanguageModel, chunk_size: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=2000)
-    parser.add_argument("--chunks", type=int, nargs="+", default=[64, 256], help="our scan's chunk sizes to time")
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--smoke", action="store_true", help="a tiny shape and prompt: shows the code runs")
-    parser.add_argument("--out", type=Path, help="also write the results here, as JSON")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.tokens, args.repeats = 40, 1
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    args = prefill.parse_options(argv, __doc__.split("\n\n")[0], chunks=[64, 256], repeats=3,
+                                 chunks_help="our scan's chunk sizes to time")
     shape = SHAPE_TINY if args.smoke else SHAPE_130M
-    reference, ours = build(shape, device)
-    ids = torch.randint(0, shape["vocab_size"], (args.tokens,), generator=torch.Generator().manual_seed(1))
-    results = {"machine": describe_machine(), "device": describe_device(device), "load_average": load_average(),
-               "shape": shape, "tokens": args.tokens, "runs": {}}
-    print(json.dumps({k: v for k, v in results.items() if k != "runs"}))
-
-    def prefill(chunk: int) -> torch.Tensor:
-        set_chunk_size(ours, chunk)
-        return ours.step(StepBatch.build([ids.tolist()], [0], slots=[0], device=device), ours.new_state(1))
-
-    runs = {"transformers": lambda: reference(ids[None].to(device), logits_to_keep=1, use_cache=False).logits[0]}
-    runs |= {f"quill, chunks of {chunk}": (lambda chunk=chunk: prefill(chunk)) for chunk in args.chunks}
-    wall, cpu = dict.fromkeys(runs, float("inf")), dict.fromkeys(runs, float("inf"))
-    with torch.inference_mode():
-        want = runs["transformers"]()[-1]
-        errors = {name: ((fn()[-1] - want).abs().max() / want.abs().max()).item() for name, fn in runs.items()}
-        for _ in range(args.repeats):
-            for name, fn in runs.items():
-                start, start_cpu = time.perf_counter(), time.process_time()
-                fn()
-                synchronize(device)
-                wall[name] = min(wall[name], time.perf_counter() - start)
-                cpu[name] = min(cpu[name], time.process_time() - start_cpu)
-    for name in runs:
-        run = results["runs"][name] = {"wall_s": wall[name], "cpu_s": cpu[name],
-                                       "tokens_per_s": args.tokens / wall[name], "logit_error": errors[name]}
-        line = f"{name}: {wall[name]:.2f} s wall ({run['tokens_per_s']:,.0f} tokens/s), {cpu[name]:.2f} CPU s"
-        if name != "transformers":
-            run["speedup_wall"], run["speedup_cpu"] = wall["transformers"] / wall[name], cpu["transformers"] / cpu[name]
-            line += (f"; {run['speedup_wall']:.2f}x transformers' speed by wall time, {run['speedup_cpu']:.2f}x by "
-                     f"CPU time; last logits within {errors[name]:.1e} of its, relative")
-        print(line)
-    results["load_average_after"] = load_average()
-    print(json.dumps({"load_average_after": results["load_average_after"]}))
+    reference, ours = build(shape, torch.device(args.device))
+    chunks = {f"quill, chunks of {chunk}": chunk for chunk in args.chunks}
+    results = prefill.compare(args, shape, reference, ours, set_chunk_size, chunks)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
+        write_json(args.out, results)
     return results
 
 

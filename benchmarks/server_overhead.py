@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shlex
 import statistics
 import sys
@@ -50,6 +49,7 @@ from .hardware import describe_machine, load_average
 from .http_bench import send_workload, server_config, workload
 from .server_process import child_pids, cpu_seconds, server_process, with_serve_args
 from .settings import HttpBenchSettings
+from .timing import write_json
 from .tokenized import tokenize
 
 MODES = {"process": True, "thread": False}  # --modes name -> ServerConfig.engine_process
@@ -180,8 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = run(s, modes, args.rounds, args.vocab, server_args, log)
     print(render(results))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.out, results)
     return results
 
 

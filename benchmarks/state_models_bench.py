@@ -45,7 +45,6 @@ minutes), ratios are ratios of medians. `--threads` sets `torch.set_num_threads`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -64,18 +63,20 @@ from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 
 from . import hf_runs, quill_runs
-from .checkpoints import build_tokenizer
+from .checkpoints import save_random_model
 from .hardware import describe_machine, load_average
-from .tokenized import TokenizedRequest, num_generated, spread_subset, tokenize
+from .timing import interleaved_times, write_json
+from .tokenized import TokenizedRequest, num_generated, spread, spread_subset, tokenize
 
-PAD_ID = 0  # the tokenizer's end-of-text: never in a prompt (prompts are ids 1 and up), never a stop (EOS ignored)
+# The tokenizer's end-of-text, which save_random_model makes pad, BOS and EOS: never in a prompt (prompts are ids 1
+# and up), never a stop (EOS ignored).
+PAD_ID = 0
 
-# name -> (transformers config class, model class, config keyword arguments)
+# name (a family of checkpoints.HF_FAMILIES) -> config keyword arguments
 SHAPES = {
-    "mamba": ("MambaConfig", "MambaForCausalLM", dict(
-        vocab_size=50280, hidden_size=768, num_hidden_layers=24, state_size=16, expand=2, conv_kernel=4)),
-    "xlstm": ("xLSTMConfig", "xLSTMForCausalLM", dict(
-        vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_heads=4, qk_dim_factor=0.5, v_dim_factor=1.0)),
+    "mamba": dict(vocab_size=50280, hidden_size=768, num_hidden_layers=24, state_size=16, expand=2, conv_kernel=4),
+    "xlstm": dict(vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_heads=4, qk_dim_factor=0.5,
+                  v_dim_factor=1.0),
 }
 SMOKE_SHAPES = {
     "mamba": dict(vocab_size=300, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4),
@@ -111,32 +112,10 @@ SMOKE = Settings(requests=6, prompt_len=(3, 10), max_tokens=(2, 6), serial_reque
 # ---- models ---------------------------------------------------------------------------------
 
 
-def save_random(directory: Path, shape: str, config_kwargs: dict, seed: int = 0):
-    """transformers' model of `shape` with random weights, saved with a tokenizer.json; returns it (eval, float32)."""
-    import transformers
-
-    config_name, model_name, _ = SHAPES[shape]
-    transformers.utils.logging.disable_progress_bar()
-    torch.manual_seed(seed)
-    config = getattr(transformers, config_name)(**config_kwargs, bos_token_id=PAD_ID, eos_token_id=PAD_ID,
-                                                pad_token_id=PAD_ID)
-    model = getattr(transformers, model_name)(config).eval().requires_grad_(False)
-    if shape == "xlstm":
-        with torch.no_grad():  # transformers starts the input and forget gates at zero weights (and -10 biases)
-            for name, param in model.named_parameters():
-                if "gate_preact" in name and "ogate" not in name:
-                    param.normal_(0.0, 0.02 if name.endswith("weight") else 1.0)
-    model.generation_config.eos_token_id = None  # never stop early: exactly max_tokens, as Quill's ignore_eos
-    model.generation_config.pad_token_id = PAD_ID
-    model.save_pretrained(directory)
-    build_tokenizer(config.vocab_size).save(str(Path(directory) / "tokenizer.json"))
-    return model
-
-
 def build(shape: str, smoke: bool, directory: Path) -> tuple[object, LoadedModel]:
     """(transformers' model, Quill's load of the same directory)."""
-    kwargs = SMOKE_SHAPES[shape] if smoke else SHAPES[shape][2]
-    reference = save_random(directory, shape, kwargs)
+    kwargs = SMOKE_SHAPES[shape] if smoke else SHAPES[shape]
+    reference = save_random_model(directory, shape, kwargs)
     return reference, load_checkpoint(directory, device="cpu", dtype="float32", name=f"{shape}-random")
 
 
@@ -230,14 +209,6 @@ def throughput(s: Settings, reference, loaded: LoadedModel, log) -> dict:
         "runs": runs, "median_tokens_per_s": medians, "ratios": ratios,
         "greedy_check": greedy_check(serial_subset, quill_tokens, hf_tokens),
     }
-
-
-def spread(items: list, count: int) -> list:
-    """`count` of `items` spread evenly over them, in order (all of them when there are no more)."""
-    if count >= len(items):
-        return list(items)
-    step = len(items) / count
-    return [items[int(step * i + step / 2)] for i in range(count)]
 
 
 def greedy_check(requests: list[TokenizedRequest], quill: dict, hf: dict) -> dict:
@@ -347,14 +318,8 @@ def decode_step(s: Settings, reference, loaded: LoadedModel, log) -> dict:
             return reference(token, cache_params=cache, use_cache=True).logits
 
     contenders = {"quill": lambda: model.step(batch, state), "transformers": hf}
-    for fn in contenders.values():
-        fn()
-    ms = {name: [] for name in contenders}
-    for _ in range(s.step_repeats):
-        for name, fn in contenders.items():
-            start = time.perf_counter()
-            fn()
-            ms[name].append(1e3 * (time.perf_counter() - start))
+    times = interleaved_times(contenders, s.step_repeats)
+    ms = {name: [1e3 * seconds for seconds in t["wall"]] for name, t in times.items()}
     medians = {name: statistics.median(t) for name, t in ms.items()}
     log(f"  decode step of {rows}: " + ", ".join(f"{name} {m:.0f} ms" for name, m in medians.items()))
     return {"rows": rows, "prompt_tokens": s.step_prompt, "ms": ms, "median_ms": medians,
@@ -380,7 +345,7 @@ def run(args: argparse.Namespace, log=print) -> dict:
         with tempfile.TemporaryDirectory(prefix=f"quill-bench-{shape}-") as tmp:
             reference, loaded = build(shape, args.smoke, Path(tmp))
         out = results["shapes"][shape] = {
-            "config": SMOKE_SHAPES[shape] if args.smoke else SHAPES[shape][2],
+            "config": SMOKE_SHAPES[shape] if args.smoke else SHAPES[shape],
             "parameters": loaded.num_parameters,
             "state_bytes_per_sequence": loaded.model.new_state(1).bytes_per_slot,
         }
@@ -450,8 +415,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = run(args)
     print(summary(results))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.out, results)
     return results
 
 

@@ -1,9 +1,16 @@
-"""Result records shared by the Quill and Hugging Face runs."""
+"""Result records shared by the Quill and Hugging Face runs, and the timing and writing the benchmarks share."""
 
 from __future__ import annotations
 
+import json
 import statistics
+import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .hardware import synchronize
 
 
 @dataclass(slots=True)
@@ -47,3 +54,28 @@ class DecodeTiming:
             total_s=statistics.median(ts[-1] - start for start, ts in runs),
             repeats=len(runs),
         )
+
+
+def interleaved_times(contenders: dict, repeats: int, device: torch.device = torch.device("cpu"),
+                      warmup: bool = True) -> dict[str, dict[str, list[float]]]:
+    """name -> {"wall": seconds, "cpu": process CPU seconds} of each repeat. The contenders run in turn each
+    repeat, so that other work on a shared machine slows them alike; CPU time is what that work moves less. First
+    one untimed call each (first calls are slow) unless `warmup` is False, for callers that already made one."""
+    if warmup:
+        for fn in contenders.values():
+            fn()
+    times = {name: {"wall": [], "cpu": []} for name in contenders}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            synchronize(device)  # a GPU's kernels run after the call returns
+            times[name]["wall"].append(time.perf_counter() - start)
+            times[name]["cpu"].append(time.process_time() - start_cpu)
+    return times
+
+
+def write_json(path: Path, results: dict) -> None:
+    """The results as indented JSON at `path`, its folder made if missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")

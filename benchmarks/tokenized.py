@@ -53,13 +53,19 @@ def num_prompt_tokens(requests: list[TokenizedRequest]) -> int:
     return sum(len(r.prompt_token_ids) for r in requests)
 
 
+def spread(items: list, count: int) -> list:
+    """`count` of `items` spread evenly over them, in order (all of them when there are no more)."""
+    if count >= len(items):
+        return list(items)
+    step = len(items) / count
+    return [items[int(step * i + step / 2)] for i in range(count)]
+
+
 def spread_subset(requests: list[TokenizedRequest], count: int) -> list[TokenizedRequest]:
     """`count` requests spread evenly over the range of max_tokens, so a timed subset is representative."""
     if count >= len(requests):
-        return list(requests)
-    ranked = sorted(requests, key=lambda r: (r.max_tokens, len(r.prompt_token_ids)))
-    step = len(ranked) / count
-    return [ranked[int(step * i + step / 2)] for i in range(count)]
+        return list(requests)  # in their own order, not ranked
+    return spread(sorted(requests, key=lambda r: (r.max_tokens, len(r.prompt_token_ids))), count)
 
 
 def one_per_setting(requests: list[TokenizedRequest], max_tokens: int = 2) -> list[TokenizedRequest]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -24,7 +23,9 @@ import torch
 from models.batch import StepBatch
 from models.xlstm import HF_DEFAULTS, XLSTMLanguageModel, read_hf_config
 
+from .checkpoints import randomize_xlstm_gates
 from .hardware import describe_machine, load_average
+from .timing import interleaved_times, write_json
 
 SHAPE = dict(vocab_size=50304, hidden_size=512, num_hidden_layers=12, num_heads=4)
 SMOKE_SHAPE = dict(vocab_size=300, hidden_size=128, num_hidden_layers=2, num_heads=4)
@@ -36,10 +37,7 @@ def build(shape: dict, chunk_size: int):
 
     torch.manual_seed(0)
     reference = transformers.xLSTMForCausalLM(transformers.xLSTMConfig(**shape, chunk_size=64)).eval()
-    with torch.no_grad():
-        for name, param in reference.named_parameters():
-            if "gate_preact" in name and "ogate" not in name:  # transformers starts them at zero and -10
-                param.normal_(0.0, 0.02 if name.endswith("weight") else 1.0)
+    randomize_xlstm_gates(reference)
     config = read_hf_config({**HF_DEFAULTS, **reference.config.to_dict(), "chunk_size": chunk_size})
     ours = XLSTMLanguageModel(config).eval().requires_grad_(False)
     ours.load_state_dict(reference.state_dict())
@@ -47,17 +45,9 @@ def build(shape: dict, chunk_size: int):
 
 
 def interleaved_seconds(contenders: dict, repeats: int) -> dict:
-    """name -> {"median", "best"} seconds of each callable, run in turn each repeat (after one warm-up each), so
-    that other work on the machine slows them alike."""
-    for fn in contenders.values():
-        fn()
-    times = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, fn in contenders.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: {"median": statistics.median(t), "best": min(t)} for name, t in times.items()}
+    """name -> {"median", "best"} wall seconds of each callable, timed in turn (see `interleaved_times`)."""
+    times = interleaved_times(contenders, repeats)
+    return {name: {"median": statistics.median(t["wall"]), "best": min(t["wall"])} for name, t in times.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -122,8 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
     results["load_average_end"] = load_average()
     print(json.dumps(results, indent=2))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
+        write_json(args.out, results)
     return results
 
 
