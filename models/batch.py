@@ -152,3 +152,18 @@ def split_decodes(batch: StepBatch) -> list[tuple[StepBatch, torch.Tensor | None
                          query_lens=[lengths[s] for s in seqs], slots=batch.slots[to_device(seqs, device, torch.long)])
         parts.append((part, tokens))
     return parts
+
+
+def run_by_parts(parts: list[tuple[StepBatch, torch.Tensor | None]], run, *packed: torch.Tensor) -> tuple:
+    """`run(part, *its rows of packed)` for each of `split_decodes`' parts; its results (a tuple of tensors with a row
+    per token of the part) joined back in the step's packed order."""
+    if len(parts) == 1:
+        return run(parts[0][0], *packed)
+    joined = None
+    for part, tokens in parts:
+        results = run(part, *(t[tokens] for t in packed))
+        if joined is None:
+            joined = tuple(r.new_empty((packed[0].shape[0], *r.shape[1:])) for r in results)
+        for out, result in zip(joined, results):
+            out[tokens] = result
+    return joined

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .batch import StepBatch, split_decodes
+from .batch import StepBatch, run_by_parts, split_decodes
 from .mamba_scan import scan_step, selective_scan
 from .slot_model import SlotLanguageModel
 from .state import SlotState
@@ -119,13 +119,7 @@ class MambaMixer(nn.Module):
         side (a prefill part padded to its longest chunk), so neither padding nor a prefill beside them makes
         decode rows cost more."""
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (T, d_inner) each
-        if len(parts) == 1:
-            u, y = self._part(u, parts[0][0], state, layer, chunk)
-        else:
-            conv_out, y = torch.empty_like(u), u.new_empty(u.shape, dtype=torch.float32)
-            for part, tokens in parts:
-                conv_out[tokens], y[tokens] = self._part(u[tokens], part, state, layer, chunk)
-            u = conv_out
+        u, y = run_by_parts(parts, lambda part, u: self._part(u, part, state, layer, chunk), u)
         y = (y + u.float() * self.D.float()) * F.silu(z)
         return self.out_proj(y.to(x.dtype))
 

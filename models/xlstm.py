@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import mlstm
-from .batch import StepBatch, split_decodes as cell_parts
+from .batch import StepBatch, run_by_parts, split_decodes
 from .slot_model import SlotLanguageModel
 from .state import SlotState
 
@@ -137,17 +137,9 @@ class MLSTMLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, state: SlotState, block: int, parts) -> torch.Tensor:
         """(T, D) packed tokens -> (T, D); each sequence's state of this `block` read from its slot and written
-        back. `parts`: `cell_parts` of the step."""
+        back. `parts`: `split_decodes` of the step."""
         q, k, v, o, i, f = self._project(x)
-        h = None
-        for part, tokens in parts:
-            pick = (lambda t: t) if tokens is None else (lambda t: t[tokens])
-            h_part = self._cell(pick(q), pick(k), pick(v), pick(i), pick(f), state, block, part)
-            if tokens is None:
-                h = h_part
-            else:
-                h = h_part.new_empty((x.shape[0], *h_part.shape[1:])) if h is None else h
-                h[tokens] = h_part
+        (h,) = run_by_parts(parts, lambda part, *qkvif: (self._cell(*qkvif, state, block, part),), q, k, v, i, f)
         h = self.multihead_norm(h)  # (T, v_dim) in the model's dtype
         return self.out_proj(torch.sigmoid(o) * h)
 
@@ -242,7 +234,7 @@ class XLSTMLanguageModel(SlotLanguageModel):
     def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
         """(T, D) top hidden states of the step's tokens; the slots updated in place, one block at a time (for
         xLSTM-7b a block's C is 4 MiB a sequence, the whole state 128 MiB)."""
-        parts = cell_parts(batch)
+        parts = split_decodes(batch)
         x = self.backbone.embeddings(batch.token_ids)
         for index, block in enumerate(self.backbone.blocks):
             x = block(x, state, index, parts)
