@@ -23,8 +23,14 @@ class HybridCacheManager:
         self.slots, self.kv = slots, kv
         self.table_edits = slots.table_edits
         kv.table_edits = self.table_edits.shifted(1)
-        self.prefix_queries = 0
-        self.prefix_hits = 0
+
+    @property
+    def prefix_queries(self) -> int:
+        return self.kv.prefix_queries  # every prompt is admitted to both managers: the block manager counts it
+
+    @property
+    def prefix_hits(self) -> int:
+        return self.kv.prefix_hits
 
     @property
     def usage(self) -> float:
@@ -34,12 +40,11 @@ class HybridCacheManager:
         return self.slots.can_admit(num_seqs)
 
     def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int) -> int:
-        limit = self.slots.cached_prefix(token_ids, self.kv.cached_prefix(token_ids, max_cached_tokens))
-        found = self.slots.admit(seq_id, token_ids, limit)  # the snapshot found above, exactly `limit` tokens
-        self.kv.admit(seq_id, token_ids, found)
-        if self.slots.enable_prefix_caching:
-            self.prefix_queries += len(token_ids)
-            self.prefix_hits += found
+        # The longest snapshot whose tokens' K,V are all cached; the slot manager still sees the whole prompt, to
+        # remember its blocks and pause where it parts from earlier prompts.
+        reach = self.kv.cached_prefix(token_ids, max_cached_tokens)
+        found = self.slots.admit(seq_id, token_ids, max_cached_tokens, reach=reach)
+        self.kv.admit(seq_id, token_ids, found)  # snapshots sit on block boundaries: exactly `found` tokens' blocks
         return found
 
     def chunk_limit(self, seq_id: int, num_computed: int, num_prompt_tokens: int) -> int | None:

@@ -104,8 +104,9 @@ class StateSlotManager:
 
     # ---- sequences ---------------------------------------------------------------
 
-    def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int) -> int:
-        """Give a sequence a slot, started from the longest snapshotted prefix. Returns tokens already computed."""
+    def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int, reach: int | None = None) -> int:
+        """Give a sequence a slot, started from the longest snapshotted prefix of at most `max_cached_tokens` tokens
+        (and at most `reach`: a hybrid's tokens whose K,V blocks are still cached). Returns tokens already computed."""
         slot = self._take_slot()
         self.slots[seq_id] = slot
         self.table_edits.write(seq_id, 0, (slot,))
@@ -113,7 +114,8 @@ class StateSlotManager:
         if self.enable_prefix_caching:
             self.prefix_queries += len(token_ids)
             keys = block_keys(token_ids, self.interval, max_cached_tokens // self.interval)
-            hit = self._longest_snapshot(token_ids, max_cached_tokens, keys)
+            limit = max_cached_tokens if reach is None else min(max_cached_tokens, reach)
+            hit = self._longest_snapshot(token_ids, limit, keys)
             if hit is not None:
                 found, blocks, key = hit
                 snapshot = self.snapshots[key]
@@ -128,14 +130,6 @@ class StateSlotManager:
         else:
             self.ops.append(CacheOp("copy", (snapshot,), (slot,)))
         return found
-
-    def cached_prefix(self, token_ids: list[int], max_cached_tokens: int) -> int:
-        """How many leading tokens `admit` would resume from now, changing nothing."""
-        if not self.enable_prefix_caching:
-            return 0
-        hit = self._longest_snapshot(token_ids, max_cached_tokens,
-                                     block_keys(token_ids, self.interval, max_cached_tokens // self.interval))
-        return 0 if hit is None else hit[0]
 
     def chunk_limit(self, seq_id: int, num_computed: int, num_prompt_tokens: int) -> int | None:
         """Where the sequence's next prefill chunk must stop for a state to be saved there: the end of a prefix

@@ -78,6 +78,17 @@ def test_a_prompt_pauses_only_at_its_last_block_boundary():
     assert cache.chunk_limit(1, 28, 30) is None
 
 
+def test_prompts_that_part_after_a_shared_prefix_save_a_state_where_they_part():
+    cache = manager()
+    system = list(range(100, 110))  # two whole blocks and two tokens
+    run_prompt(cache, 1, system + [1, 2, 3, 4, 5, 6, 7])  # saved at 16, its last block boundary
+    cache.free(1)
+    # The next prompt shares two blocks with it, and no state was saved there: its prefill pauses at 8 to save one.
+    assert run_prompt(cache, 2, system + [9] * 7) == 0 and cache.slots.stop_at == {2: 8}
+    cache.free(2)
+    assert run_prompt(cache, 3, system + [8] * 7) == 8  # every later prompt resumes there
+
+
 def test_layout_allocates_both_and_locates_each_sequences_share():
     from models.scripted import ScriptedConfig, ScriptedModel
     from models.batch import StepBatch
