@@ -22,7 +22,7 @@ class CacheOp:
     kind: Literal["copy", "reset"]  # copy: dst gets src's contents; reset: dst gets the empty state
     src: tuple[int, ...]
     dst: tuple[int, ...]
-    part: str = ""  # in a model with state of several kinds, which one: "kv" (blocks) or "slots"
+    part: Literal["kv", "slots"]  # which kind of state: K,V blocks or state slots (a hybrid model holds both)
 
 
 class CacheManager(Protocol):

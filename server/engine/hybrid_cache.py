@@ -9,8 +9,6 @@ block boundaries (the slot manager's interval is the block size), so a snapshot'
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from .cache import CacheOp
 from .kv_blocks import KVBlockManager
 from .state_slots import StateSlotManager
@@ -74,8 +72,7 @@ class HybridCacheManager:
         self.kv.reset()
 
     def take_ops(self) -> list[CacheOp]:
-        return ([replace(op, part="slots") for op in self.slots.take_ops()]
-                + [replace(op, part="kv") for op in self.kv.take_ops()])
+        return self.slots.take_ops() + self.kv.take_ops()
 
     def step_finished(self) -> None:
         self.slots.step_finished()

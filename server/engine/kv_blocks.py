@@ -94,7 +94,7 @@ class KVBlockManager:
             return False
         for i in shared:  # copy-on-write: never write into a block another sequence reads
             fresh = self._pop_free()
-            self.ops.append(CacheOp("copy", (table[i],), (fresh,)))
+            self.ops.append(CacheOp("copy", (table[i],), (fresh,), "kv"))
             self._release(table[i])
             table[i] = fresh
             self.table_edits.write(seq_id, i, (fresh,))

@@ -150,14 +150,13 @@ class StateLayout:
         self.kinds = sorted(kinds, key=lambda kind: isinstance(kind, KVBlocks))  # blocks last: their width varies
         self.widths = [kind.width(max_model_len) for kind in self.kinds]
         self.width = sum(self.widths)
-        self.hybrid = len(kinds) > 1
         self._by_part = {kind.part: kind for kind in self.kinds}
         kv, slots = self._by_part.get("kv"), self._by_part.get("slots")
         self.block_size = None if kv is None else kv.block_size  # None: a step's width is fixed
         self.state = new_model_state(model, 0 if kv is None else kv.num_blocks + spare,
                                      0 if slots is None else slots.num_slots + spare, self.block_size)
         self._tensors = dict(zip(("kv", "slots"), state_parts(self.state)))
-        self.cache = HybridCacheManager(slots.manager, kv.manager) if self.hybrid else self.kinds[0].manager
+        self.cache = self.kinds[0].manager if len(self.kinds) == 1 else HybridCacheManager(slots.manager, kv.manager)
 
     def tensors(self, kind: StateKind):
         return self._tensors[kind.part]
@@ -165,7 +164,7 @@ class StateLayout:
     def apply(self, ops: list[CacheOp]) -> None:
         """Carry out the managers' device work, in order."""
         for op in ops:
-            kind = self._by_part[op.part] if self.hybrid else self.kinds[0]
+            kind = self._by_part[op.part]
             kind.apply(self.tensors(kind), op)
 
     def columns(self, longest: int | None) -> int:

@@ -126,9 +126,9 @@ class StateSlotManager:
             if shared > found:
                 self.stop_at[seq_id] = shared
         if snapshot is None:
-            self.ops.append(CacheOp("reset", (), (slot,)))
+            self.ops.append(CacheOp("reset", (), (slot,), "slots"))
         else:
-            self.ops.append(CacheOp("copy", (snapshot,), (slot,)))
+            self.ops.append(CacheOp("copy", (snapshot,), (slot,), "slots"))
         return found
 
     def chunk_limit(self, seq_id: int, num_computed: int, num_prompt_tokens: int) -> int | None:
@@ -162,7 +162,7 @@ class StateSlotManager:
 
     def fork(self, parent_id: int, child_id: int) -> None:
         slot = self._take_slot()
-        self.ops.append(CacheOp("copy", (self.slots[parent_id],), (slot,)))
+        self.ops.append(CacheOp("copy", (self.slots[parent_id],), (slot,), "slots"))
         self.slots[child_id] = slot
         self.table_edits.write(child_id, 0, (slot,))
         if parent_id in self.keyed:
@@ -234,7 +234,7 @@ class StateSlotManager:
             target = self._drop(next(iter(self.snapshots)))  # the least recently used
         else:
             return
-        self.ops.append(CacheOp("copy", (self.slots[seq_id],), (target,)))
+        self.ops.append(CacheOp("copy", (self.slots[seq_id],), (target,), "slots"))
         self.snapshots[key] = target
         self.tails.setdefault(key[0], set()).add(key[1])
         self.unfinished.add(key, self.unfinished.num_launched + 1)  # the next step carries the copy
