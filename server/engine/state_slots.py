@@ -50,7 +50,7 @@ class StateSlotManager:
         self.snapshots: OrderedDict[SnapshotKey, int] = OrderedDict()  # least recently used first
         self.tails: dict[BlockKey, set[tuple[int, ...]]] = {}  # the snapshots' keys, by their full blocks
         self.slots: dict[int, int] = {}
-        self.keyed: dict[int, tuple[int, BlockKey]] = {}  # seq -> (its leading blocks already keyed, the last key)
+        self.keys: dict[int, list[BlockKey]] = {}  # seq -> the keys of its leading full blocks, as far as known
         self.seen: OrderedDict[BlockKey, None] = OrderedDict()  # block keys of recent prompts, least recent first
         self.stop_at: dict[int, int] = {}  # seq -> where its prefill pauses to save a state that later prompts share
         self.unfinished = UnfinishedKeys()
@@ -89,7 +89,7 @@ class StateSlotManager:
             if slot is not None:
                 self.free_snapshot_slots.append(slot)
         self.slots.clear()
-        self.keyed.clear()
+        self.keys.clear()
         self.stop_at.clear()
         self.free_slots = list(range(self.num_seq_slots - 1, -1, -1))
         self.ops.clear()
@@ -113,14 +113,13 @@ class StateSlotManager:
         found, snapshot = 0, None
         if self.enable_prefix_caching:
             self.prefix_queries += len(token_ids)
-            keys = block_keys(token_ids, self.interval, max_cached_tokens // self.interval)
+            keys = self.keys[seq_id] = block_keys(token_ids, self.interval, max_cached_tokens // self.interval)
             limit = max_cached_tokens if reach is None else min(max_cached_tokens, reach)
             hit = self._longest_snapshot(token_ids, limit, keys)
             if hit is not None:
-                found, blocks, key = hit
+                found, key = hit
                 snapshot = self.snapshots[key]
                 self.snapshots.move_to_end(key)
-                self.keyed[seq_id] = (blocks, key[0])
             self.prefix_hits += found
             shared = self._remember(keys) * self.interval
             if shared > found:
@@ -165,11 +164,11 @@ class StateSlotManager:
         self.ops.append(CacheOp("copy", (self.slots[parent_id],), (slot,), "slots"))
         self.slots[child_id] = slot
         self.table_edits.write(child_id, 0, (slot,))
-        if parent_id in self.keyed:
-            self.keyed[child_id] = self.keyed[parent_id]
+        if parent_id in self.keys:
+            self.keys[child_id] = list(self.keys[parent_id])  # they part from here on
 
     def free(self, seq_id: int) -> None:
-        self.keyed.pop(seq_id, None)
+        self.keys.pop(seq_id, None)
         self.stop_at.pop(seq_id, None)
         slot = self.slots.pop(seq_id, None)
         if slot is not None:
@@ -191,13 +190,13 @@ class StateSlotManager:
         return shared
 
     def _longest_snapshot(self, token_ids: list[int], max_cached_tokens: int,
-                          keys: list[BlockKey]) -> tuple[int, int, SnapshotKey] | None:
-        """(tokens, full blocks, key) of the longest snapshotted prefix of at most `max_cached_tokens` tokens, given
-        the keys of its full blocks up to there. Every block boundary is looked at, longest first: a shorter
+                          keys: list[BlockKey]) -> tuple[int, SnapshotKey] | None:
+        """(tokens, key) of the longest snapshotted prefix of at most `max_cached_tokens` tokens, given the keys of
+        the prompt's full blocks (at least up to there). Every block boundary is looked at, longest first: a shorter
         snapshot may be gone while a longer one stays."""
         size = self.interval
         keys = [ROOT, *keys]
-        for blocks in range(len(keys) - 1, -1, -1):
+        for blocks in range(min(len(keys) - 1, max_cached_tokens // size), -1, -1):
             tails = self.tails.get(keys[blocks])
             if not tails:
                 continue
@@ -209,19 +208,17 @@ class StateSlotManager:
                         and tuple(token_ids[start : start + len(tail)]) == tail:
                     best = tail
             if best is not None:
-                return start + len(best), blocks, (keys[blocks], best)
+                return start + len(best), (keys[blocks], best)
         return None
 
     def _key(self, seq_id: int, token_ids: list[int], num_tokens: int) -> SnapshotKey:
-        """The key of the sequence's first `num_tokens` tokens, its full blocks keyed incrementally."""
+        """The key of the sequence's first `num_tokens` tokens; only blocks not keyed before are hashed."""
         full = num_tokens // self.interval
-        done, parent = self.keyed.get(seq_id, (0, ROOT))
-        if done > full:  # cannot happen as sequences only grow; start over if it does
-            done, parent = 0, ROOT
-        if full > done:
-            parent = block_keys(token_ids[: full * self.interval], self.interval, start=done, parent=parent)[-1]
-            self.keyed[seq_id] = (full, parent)
-        return parent, tuple(token_ids[full * self.interval : num_tokens])
+        keys = self.keys.setdefault(seq_id, [])
+        if full > len(keys):
+            keys += block_keys(token_ids[: full * self.interval], self.interval, start=len(keys),
+                               parent=keys[-1] if keys else ROOT)
+        return (keys[full - 1] if full else ROOT), tuple(token_ids[full * self.interval : num_tokens])
 
     def _snapshot(self, seq_id: int, token_ids: list[int], num_tokens: int) -> None:
         key = self._key(seq_id, token_ids, num_tokens)
