@@ -23,7 +23,8 @@ from models.errors import CheckpointError
 from models.lstm import LSTMConfig, LSTMLanguageModel
 
 from .fastai_text import MARKERS, UNK, FastaiTokenizer
-from .formats import FORMATS, ClassicFormat, Converted, find_model_file
+from .formats import (FORMATS, ClassicFormat, Converted, find_model_file, is_tied, load_weights, output_layer,
+                      require_tensors)
 from .restricted_pickle import load_plain, load_restricted, peek_pickle
 from .word_tokenizer import word_tokenizer
 
@@ -83,9 +84,7 @@ def convert(path: Path, vocab: Path | None) -> Converted:
     if file is None:
         raise CheckpointError(path, f"no model file ({' or '.join(MODEL_FILES)}, or one .pth)")
     tensors = _state_dict(file)
-    for key in ("0.encoder.weight", "1.decoder.weight"):
-        if key not in tensors:
-            raise CheckpointError(file, f"no tensor {key}: not a fastai AWD-LSTM language model")
+    require_tensors(tensors, ("0.encoder.weight", "1.decoder.weight"), file, "a fastai AWD-LSTM language model")
     n_layers = 1 + max(int(m.group(1)) for k in tensors if (m := _LAYER.match(k)))
     weights = {"embed.weight": tensors["0.encoder.weight"]}
     for k in range(n_layers):
@@ -93,18 +92,11 @@ def convert(path: Path, vocab: Path | None) -> Converted:
             weights[f"layers.{k}.{name}"] = _layer(tensors, k, name, file)
     sizes = [weights[f"layers.{k}.weight_hh_l0"].shape[1] for k in range(n_layers)]
     encoder, decoder = tensors["0.encoder.weight"], tensors["1.decoder.weight"]
-    tied = encoder.shape == decoder.shape and torch.equal(encoder, decoder)
     config = LSTMConfig(vocab_size=encoder.shape[0], d_embed=encoder.shape[1], layer_sizes=sizes,
-                        tie_embeddings=tied, output_bias="1.decoder.bias" in tensors)
-    if not tied:
-        weights["lm_head.weight"] = decoder
-    if config.output_bias:
-        weights["lm_bias"] = tensors["1.decoder.bias"]
+                        tie_embeddings=is_tied(encoder, decoder), output_bias="1.decoder.bias" in tensors)
+    weights |= output_layer(config, decoder, tensors.get("1.decoder.bias"))
     model = LSTMLanguageModel(config)
-    try:
-        model.load_state_dict({k: t.float() for k, t in weights.items()}, strict=True)
-    except RuntimeError as e:
-        raise CheckpointError(file, f"tensors do not fit an AWD-LSTM: {e}") from None
+    load_weights(model, weights, file, "an AWD-LSTM")
     source = vocabulary_file(file, vocab)
     itos = load_plain(source)
     if not isinstance(itos, list) or not all(isinstance(w, str) for w in itos):

@@ -14,7 +14,6 @@ adaptive-softmax cluster's width. Weight normalisation is folded into plain weig
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 
 import torch
@@ -23,14 +22,13 @@ from models.errors import CheckpointError
 from models.fconv import FConvConfig, FConvLanguageModel
 
 from .fairseq_dictionary import dictionary_tokenizer, pad_dictionary, read_dictionary
-from .formats import FORMATS, ClassicFormat, Converted
+from .formats import FORMATS, ClassicFormat, Converted, load_weights
 from .literal_expression import ExpressionError, literal_expression
-from .restricted_pickle import attributes, load_restricted
+from .restricted_pickle import attributes, load_restricted, peek_pickle
 from .weight_norm import fold_weight_norms
 
 MODEL_FILE, DICT_FILE = "model.pt", "dict.txt"
 ALLOWED_CLASSES = ("argparse.Namespace",)
-SNIFF_BYTES = 1 << 20  # a legacy (non-zip) file's arguments are pickled before its tensors
 FAIRSEQ_DEFAULT_LAYERS = "[(1268, 4)] * 13"  # base_lm_architecture's, for arguments that leave it out
 PREFIX = "decoder."
 
@@ -44,22 +42,10 @@ def _files(path: Path, vocab: Path | None) -> tuple[Path, Path]:
     return model, vocab
 
 
-def _names_fconv(model: Path) -> bool:
-    """Whether the pickled part of a torch.save file mentions fconv (its `arch`), without unpickling it."""
-    try:
-        if zipfile.is_zipfile(model):
-            with zipfile.ZipFile(model) as archive:
-                pickled = next((n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
-                return pickled is not None and b"fconv" in archive.read(pickled)
-        with model.open("rb") as f:
-            return b"fconv" in f.read(SNIFF_BYTES)
-    except (OSError, zipfile.BadZipFile):
-        return False
-
-
 def detect(path: Path) -> bool:
     model, vocab = _files(path, None)
-    return model.is_file() and vocab.is_file() and _names_fconv(model)
+    # the arguments, pickled before the tensors, name the architecture (`arch`)
+    return model.is_file() and vocab.is_file() and b"fconv" in peek_pickle(model)
 
 
 def _model_args(checkpoint: dict, path: Path) -> dict:
@@ -121,7 +107,7 @@ def _decoder_state(checkpoint: dict, path: Path) -> dict[str, torch.Tensor]:
                                     "fconv_lm never builds: not an fconv_lm checkpoint")
     state.pop("version", None)  # decoder format version: which weight-norm dimension, read from the shapes
     try:
-        return {k: v.float() for k, v in fold_weight_norms(state).items()}
+        return fold_weight_norms(state)
     except ValueError as e:
         raise CheckpointError(path, str(e)) from None
 
@@ -195,16 +181,7 @@ def convert(path: Path, vocab: Path | None) -> Converted:
     )
     with torch.device("meta"):
         model = FConvLanguageModel(config)
-    expected = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    missing = [n for n in expected if n not in state]
-    unexpected = [n for n in state if n not in expected]
-    wrong = [f"{n} {tuple(state[n].shape)} (expected {expected[n]})"
-             for n in expected if n in state and tuple(state[n].shape) != expected[n]]
-    if missing or unexpected or wrong:
-        problems = [f"{label}: {', '.join(names[:6])}" for label, names in
-                    (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)) if names]
-        raise CheckpointError(model_file, f"the state dict does not fit decoder_layers {layers}: {'; '.join(problems)}")
-    model.load_state_dict(state, strict=True, assign=True)
+    load_weights(model, state, model_file, f"decoder_layers {layers}", assign=True)
     model.eval().requires_grad_(False)
     words = read_dictionary(dict_file)
     metadata = {"fairseq_arch": arch, "dictionary_words": len(words), "padding_words": vocab_size - len(words)}

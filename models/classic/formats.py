@@ -54,6 +54,38 @@ def find_model_file(path: Path, names: tuple[str, ...], suffixes: tuple[str, ...
     return candidates[0] if len(candidates) == 1 else None
 
 
+def require_tensors(tensors: dict[str, torch.Tensor], keys: tuple[str, ...], file: Path, what: str) -> None:
+    """Refuse a file that lacks any of `keys`: without them it is not `what` ("a fastai AWD-LSTM ...")."""
+    for key in keys:
+        if key not in tensors:
+            raise CheckpointError(file, f"no tensor {key}: not {what}")
+
+
+def is_tied(embedding: torch.Tensor, output: torch.Tensor) -> bool:
+    """Whether the output layer's weight is the embedding's: tied weights are saved twice, and Quill ties them."""
+    return embedding.shape == output.shape and torch.equal(embedding, output)
+
+
+def output_layer(config, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The output layer's tensors by Quill's names, as `config` (tie_embeddings, output_bias) needs them."""
+    layer = {} if config.tie_embeddings else {"lm_head.weight": weight}
+    if config.output_bias:
+        layer["lm_bias"] = bias
+    return layer
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path, what: str,
+                 assign: bool = False) -> None:
+    """Load `state` into `model` as float32, every tensor there and of its shape and none more; else a
+    CheckpointError saying how the file's tensors do not fit `what`. `assign` for a model built on meta."""
+    try:
+        model.load_state_dict({k: t.float() for k, t in state.items()}, strict=True, assign=assign)
+    except RuntimeError as e:
+        # torch lists the missing, unexpected and misshapen tensors a line each, under a header
+        problems = [line.strip().rstrip(".") for line in str(e).splitlines()[1:]] or [str(e)]
+        raise CheckpointError(file, f"the state dict does not fit {what}: {'; '.join(problems)}") from None
+
+
 def find_format(path: Path) -> ClassicFormat | None:
     return next((f for f in FORMATS if f.detect(path)), None)
 

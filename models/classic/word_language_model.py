@@ -31,7 +31,8 @@ from models.lstm import LSTMConfig, LSTMLanguageModel
 from models.transformer import TransformerConfig, TransformerLanguageModel, sinusoidal_positions
 
 from .corpus_vocabulary import LINE_END, SPLITS, read_vocabulary, vocabulary_source
-from .formats import FORMATS, ClassicFormat, Converted, find_model_file
+from .formats import (FORMATS, ClassicFormat, Converted, find_model_file, is_tied, load_weights, output_layer,
+                      require_tensors)
 from .pickled_module import module_tensors, submodule
 from .restricted_pickle import PickledObject, attributes, load_restricted, peek_pickle
 from .word_tokenizer import word_tokenizer
@@ -92,9 +93,8 @@ def _which_rnn(file: Path, tensors: dict[str, torch.Tensor], module: PickledObje
                rnn_type: str | None) -> str:
     if module is not None:
         rnn_type = rnn_type or attributes(module).get("rnn_type")
-    for key in ("encoder.weight", "rnn.weight_ih_l0", "rnn.weight_hh_l0", "decoder.weight"):
-        if key not in tensors:
-            raise CheckpointError(file, f"no tensor {key}: not a word_language_model RNNModel")
+    require_tensors(tensors, ("encoder.weight", "rnn.weight_ih_l0", "rnn.weight_hh_l0", "decoder.weight"), file,
+                    "a word_language_model RNNModel")
     if rnn_type is None:
         hh = tensors["rnn.weight_hh_l0"]
         rnn_type = GATES.get(hh.shape[0] // hh.shape[1])
@@ -110,20 +110,15 @@ def _config(tensors: dict[str, torch.Tensor], rnn_type: str) -> LSTMConfig:
     vocab_size, d_embed = tensors["encoder.weight"].shape
     d_hidden = tensors["rnn.weight_hh_l0"].shape[1]
     n_layers = sum(1 for k in tensors if k.startswith("rnn.weight_ih_l"))
-    encoder, decoder = tensors["encoder.weight"], tensors["decoder.weight"]
-    tied = encoder.shape == decoder.shape and torch.equal(encoder, decoder)
     return LSTMConfig(vocab_size=vocab_size, d_embed=d_embed, d_hidden=d_hidden, n_layers=n_layers,
-                      tie_embeddings=tied, cell=CELLS[rnn_type], output_bias="decoder.bias" in tensors)
+                      tie_embeddings=is_tied(tensors["encoder.weight"], tensors["decoder.weight"]),
+                      cell=CELLS[rnn_type], output_bias="decoder.bias" in tensors)
 
 
 def _quill_names(tensors: dict[str, torch.Tensor], config: LSTMConfig) -> dict[str, torch.Tensor]:
     renamed = {"embed.weight": tensors["encoder.weight"]}
     renamed |= {"lstm." + k.removeprefix("rnn."): t for k, t in tensors.items() if k.startswith("rnn.")}
-    if not config.tie_embeddings:
-        renamed["lm_head.weight"] = tensors["decoder.weight"]
-    if config.output_bias:
-        renamed["lm_bias"] = tensors["decoder.bias"]
-    return {k: t.float() for k, t in renamed.items()}
+    return renamed | output_layer(config, tensors["decoder.weight"], tensors.get("decoder.bias"))
 
 
 def _layer_settings(file: Path, module: PickledObject | None, n_heads: int | None) -> dict:
@@ -152,14 +147,13 @@ def _transformer_config(file: Path, tensors: dict[str, torch.Tensor], settings: 
     pe = tensors["pos_encoder.pe"].reshape(-1, d_model)  # (max_len, 1, d_model) as the example stores it
     if not torch.allclose(pe.float(), sinusoidal_positions(torch.arange(len(pe)), d_model), atol=1e-5, rtol=0):
         raise CheckpointError(file, "pos_encoder.pe is not the sinusoidal table PositionalEncoding computes")
-    tied = tensors["decoder.weight"].shape == tensors["encoder.weight"].shape and torch.equal(
-        tensors["decoder.weight"], tensors["encoder.weight"])
     n_layers = len({k.split(".")[2] for k in tensors if k.startswith(LAYERS)})
     return TransformerConfig(
         vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
         d_ff=tensors[LAYERS + "0.linear1.weight"].shape[0], max_seq_len=len(pe), positional="sinusoidal",
         norm="layernorm", final_norm="transformer_encoder.norm.weight" in tensors, gated_mlp=False, attn_bias=True,
-        mlp_bias=True, embed_scale=math.sqrt(d_model), tie_embeddings=tied, output_bias="decoder.bias" in tensors,
+        mlp_bias=True, embed_scale=math.sqrt(d_model), output_bias="decoder.bias" in tensors,
+        tie_embeddings=is_tied(tensors["encoder.weight"], tensors["decoder.weight"]),
         extra={"source": "word_language_model TransformerModel"}, **settings)
 
 
@@ -177,20 +171,15 @@ def _transformer_quill_names(tensors: dict[str, torch.Tensor], config: Transform
                 renamed[f"layers.{i}.{quill}.{kind}"] = tensors[f"{LAYERS}{i}.{theirs}{kind}"]
     if config.final_norm:
         renamed |= {f"norm.{kind}": tensors[f"transformer_encoder.norm.{kind}"] for kind in ("weight", "bias")}
-    if not config.tie_embeddings:
-        renamed["lm_head.weight"] = tensors["decoder.weight"]
-    if config.output_bias:
-        renamed["lm_bias"] = tensors["decoder.bias"]
-    return {k: t.float() for k, t in renamed.items()}
+    return renamed | output_layer(config, tensors["decoder.weight"], tensors.get("decoder.bias"))
 
 
 def _model(file: Path, rnn_type: str | None, n_heads: int | None) -> tuple[str, torch.nn.Module, dict]:
     """(architecture, model with the file's weights, metadata) of an RNNModel or a TransformerModel."""
     tensors, module = _read(file)
     if LAYERS + "0.self_attn.in_proj_weight" in tensors:
-        for key in ("encoder.weight", "pos_encoder.pe", "decoder.weight", LAYERS + "0.linear1.weight"):
-            if key not in tensors:
-                raise CheckpointError(file, f"no tensor {key}: not a word_language_model TransformerModel")
+        require_tensors(tensors, ("encoder.weight", "pos_encoder.pe", "decoder.weight", LAYERS + "0.linear1.weight"),
+                        file, "a word_language_model TransformerModel")
         config = _transformer_config(file, tensors, _layer_settings(file, module, n_heads))
         architecture, model = "transformer", TransformerLanguageModel(config)
         try:
@@ -204,11 +193,7 @@ def _model(file: Path, rnn_type: str | None, n_heads: int | None) -> tuple[str, 
         architecture, model = "lstm", LSTMLanguageModel(config)
         renamed = _quill_names(tensors, config)
         metadata = {"rnn_type": rnn_type}
-    try:
-        model.load_state_dict(renamed, strict=True)
-    except RuntimeError as e:
-        raise CheckpointError(file, f"tensors do not fit the example's {metadata.get('model_type', 'RNNModel')}: "
-                                    f"{e}") from None
+    load_weights(model, renamed, file, f"the example's {metadata.get('model_type', 'RNNModel')}")
     return architecture, model, metadata
 
 
