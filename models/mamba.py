@@ -169,6 +169,16 @@ class MambaBackbone(nn.Module):
         self.layers = nn.ModuleList(MambaBlock(width, eps, mixer) for mixer in mixers)
         self.norm_f = RMSNorm(width, eps)
 
+    def hidden(self, batch: StepBatch, state: SlotState, residual_in_fp32: bool, **mixer_options) -> torch.Tensor:
+        """(T, width) the residual stream after the last layer, for the step's packed tokens; each mixer reads and
+        writes its layer of the sequences' slots, a layer at a time, the step split by `split_decodes`."""
+        parts = split_decodes(batch)
+        x = self.embeddings(batch.token_ids)
+        residual = x.float() if residual_in_fp32 else x
+        for i, block in enumerate(self.layers):
+            residual = residual + block.mixer(block.norm(residual.to(x.dtype)), parts, state, i, **mixer_options)
+        return residual
+
     def logits(self, residual: torch.Tensor, lm_head: nn.Linear | None) -> torch.Tensor:
         """The final norm and the LM head (None: tied to the embeddings) -> float32 logits."""
         weight = self.embeddings.weight if lm_head is None else lm_head.weight
@@ -186,14 +196,7 @@ class MambaLanguageModel(SlotLanguageModel):
         self.scan_chunk: int | None = None
 
     def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
-        """(T, d_model) the residual stream after the last block, for the step's packed tokens; the slots updated in
-        place, a layer at a time."""
-        parts = split_decodes(batch)
-        x = self.backbone.embeddings(batch.token_ids)
-        residual = x.float() if self.config.residual_in_fp32 else x
-        for i, block in enumerate(self.backbone.layers):
-            residual = residual + block.mixer(block.norm(residual.to(x.dtype)), parts, state, i, self.scan_chunk)
-        return residual
+        return self.backbone.hidden(batch, state, self.config.residual_in_fp32, chunk=self.scan_chunk)
 
     def _logits(self, residual: torch.Tensor) -> torch.Tensor:
         return self.backbone.logits(residual, self.lm_head)

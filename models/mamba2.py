@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .batch import StepBatch
-from .host_copy import to_device
+from .batch import StepBatch, run_by_parts
 from .mamba import MambaBackbone
 from .slot_model import SlotLanguageModel
 from .ssd import ssd_chunked, ssd_step
@@ -140,31 +139,39 @@ class Mamba2Mixer(nn.Module):
         self.norm = GatedRMSNorm(c.intermediate_size, c.n_groups, c.norm_eps, c.norm_before_gate)
         self.out_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.use_bias)
 
-    def forward(self, h: torch.Tensor, window: torch.Tensor, ssm: torch.Tensor, real: torch.Tensor | None,
-                batch: StepBatch):
-        """h (B, Q, hidden) the step's tokens, padded, after `window` (B, d_conv - 1, conv_dim) and `ssm`
-        (B, heads, head_dim, d_state). `real` (B, Q) bool marks real tokens (None: all are).
-        -> (out, new window, new ssm)."""
+    def forward(self, h: torch.Tensor, parts, state: SlotState, layer: int) -> torch.Tensor:
+        """h (T, hidden) the step's packed tokens, normed -> (T, hidden). `parts`: the step's sequences as
+        `split_decodes` groups them; each part's window and ssm state of this `layer` are read from its slots and
+        written back. The projections and the gated norm run on the packed tokens; only the convolution and the
+        scan see a part's sequences side by side (padded to its longest), so decode rows never pay for a prefill's
+        padding."""
         c = self.config
-        steps = h.shape[1]
         z, xbc, dt = self.in_proj(h).split([c.intermediate_size, c.conv_dim, c.num_heads], dim=-1)
-        full = torch.cat([window.to(xbc.dtype), xbc], dim=1)  # (B, d_conv - 1 + Q, conv_dim)
-        new_window = batch.last_inputs(full, c.conv_kernel - 1)
+        (y,) = run_by_parts(parts, lambda part, xbc, dt: (self._part(xbc, dt, part, state, layer),), xbc, dt)
+        return self.out_proj(self.norm(y, z).to(h.dtype))
+
+    def _part(self, xbc: torch.Tensor, dt: torch.Tensor, part: StepBatch, state: SlotState, layer: int):
+        """A part's packed xbc (T, conv_dim) and dt (T, heads) -> y (T, d_inner) float32, before the gated norm;
+        the part's slots of this `layer` updated in place."""
+        c = self.config
+        where = (part.slots, layer)
+        full = torch.cat([state["conv"][where].to(xbc.dtype), part.pad(xbc)], dim=1)  # (B, d_conv - 1 + Q, conv_dim)
+        state["conv"][where] = part.last_inputs(full, c.conv_kernel - 1)
         xbc = F.silu(self.conv1d(full.transpose(1, 2)).transpose(1, 2))  # (B, Q, conv_dim)
         x, B, C = xbc.float().split([c.intermediate_size, c.n_groups * c.state_size, c.n_groups * c.state_size], -1)
         x = x.unflatten(-1, (c.num_heads, c.head_dim))
         B, C = B.unflatten(-1, (c.n_groups, c.state_size)), C.unflatten(-1, (c.n_groups, c.state_size))
-        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*c.time_step_limit)
-        if real is not None:
-            dt = dt * real[..., None]  # dt = 0: a padding position leaves the state as it was
+        dt = F.softplus(part.pad(dt).float() + self.dt_bias.float()).clamp(*c.time_step_limit)
+        if min(part.query_lens) < part.max_query_len:  # dt = 0: a padding position leaves the state as it was
+            dt = dt * part.pad(torch.ones_like(part.token_ids, dtype=torch.bool))[..., None]
         A = -torch.exp(self.A_log.float())
-        if steps == 1:
-            y, ssm = ssd_step(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], ssm)
+        if part.max_query_len == 1:
+            y, ssm = ssd_step(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], state["ssm"][where])
             y = y[:, None]
         else:
-            y, ssm = ssd_chunked(x, dt, A, B, C, ssm, c.chunk_size)
-        y = (y + self.D.float()[:, None] * x).flatten(-2)  # (B, Q, d_inner)
-        return self.out_proj(self.norm(y, z).to(h.dtype)), new_window, ssm
+            y, ssm = ssd_chunked(x, dt, A, B, C, state["ssm"][where], c.chunk_size)
+        state["ssm"][where] = ssm
+        return part.unpad((y + self.D.float()[:, None] * x).flatten(-2))  # (T, d_inner)
 
 
 class Mamba2LanguageModel(SlotLanguageModel):
@@ -176,21 +183,7 @@ class Mamba2LanguageModel(SlotLanguageModel):
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
-        """(T, hidden) the residual stream after the last layer, for the step's packed tokens (run padded to the
-        longest); the slots updated in place, a layer at a time."""
-        real = None
-        if min(batch.query_lens) < batch.max_query_len:  # sequences of different lengths: padding must not count
-            lens = to_device(batch.query_lens, batch.token_ids.device, torch.long)
-            real = torch.arange(batch.max_query_len, device=lens.device) < lens[:, None]
-        h = batch.pad(self.backbone.embeddings(batch.token_ids))
-        residual = h.float() if self.config.residual_in_fp32 else h
-        conv, ssm = state["conv"], state["ssm"]
-        for i, block in enumerate(self.backbone.layers):
-            where = (batch.slots, i)
-            out, window, layer_ssm = block.mixer(block.norm(residual.to(h.dtype)), conv[where], ssm[where], real, batch)
-            conv[where], ssm[where] = window, layer_ssm
-            residual = residual + out
-        return batch.unpad(residual)
+        return self.backbone.hidden(batch, state, self.config.residual_in_fp32)
 
     def _logits(self, residual: torch.Tensor) -> torch.Tensor:
         return self.backbone.logits(residual, self.lm_head)
