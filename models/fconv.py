@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .adaptive_softmax import AdaptiveSoftmax
-from .batch import StepBatch
+from .batch import StepBatch, run_by_parts, split_decodes
 from .state import SlotState
 
 
@@ -152,6 +152,16 @@ class FConvLanguageModel(nn.Module):
         out[quick, ids] = best
         return out
 
+    def _part(self, part: StepBatch, token_ids: torch.Tensor, state: SlotState) -> torch.Tensor:
+        """A part's packed tokens -> their last layer's outputs (T, D); its slots' windows stored in place."""
+        histories = self._split_windows(state["windows"][part.slots])
+        h, fulls = self._run(part.pad(token_ids), histories)  # right-padded: pads only follow real positions
+        kept = [part.last_inputs(full, k - 1).flatten(1) for full, (_, k, _) in zip(fulls, self.config.layers)
+                if k > 1]
+        if kept:
+            state["windows"][part.slots] = torch.cat(kept, dim=1)
+        return part.unpad(h)
+
     def _zero_histories(self, batch: int, like: torch.Tensor) -> list[torch.Tensor | None]:
         return [like.new_zeros(batch, k - 1, c) if k > 1 else None
                 for (_, k, _), c in zip(self.config.layers, self.config.in_channels)]
@@ -174,15 +184,10 @@ class FConvLanguageModel(nn.Module):
 
     @torch.inference_mode()
     def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
-        """Run the new tokens of each sequence after its windows; store the windows they end with."""
-        histories = self._split_windows(state["windows"][batch.slots])
-        tokens = batch.pad(batch.token_ids)  # (B, Q), right-padded: pads only follow real positions
-        h, fulls = self._run(tokens, histories)
-        kept = [batch.last_inputs(full, k - 1).flatten(1) for full, (_, k, _) in zip(fulls, self.config.layers)
-                if k > 1]
-        if kept:
-            state["windows"][batch.slots] = torch.cat(kept, dim=1)
-        h = batch.unpad(h)
+        """Run the new tokens of each sequence after its windows; store the windows they end with. Decode rows run
+        apart from prefill chunks (split_decodes), so that they are not padded to a chunk's length."""
+        (h,) = run_by_parts(split_decodes(batch), lambda part, tokens: (self._part(part, tokens, state),),
+                            batch.token_ids)
         if batch.logits_indices is not None:
             h = h[batch.logits_indices]
         return self._scores(h, batch.argmax_only)

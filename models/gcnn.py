@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .batch import StepBatch
+from .batch import StepBatch, run_by_parts, split_decodes
 from .state import SlotState
 
 
@@ -132,14 +132,20 @@ class GCNNLanguageModel(nn.Module):
 
     @torch.inference_mode()
     def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
-        """Run the new tokens of each sequence after its window; slide the windows in place."""
-        windows = state["window"][batch.slots]  # (B, n_convs, k-1, C)
-        x = batch.pad(self.embed(batch.token_ids))  # (B, Q, E), right-padded: pads never reach real positions
-        h, inputs = self._run(x, list(windows.unbind(1)), serving=True)
-        k1 = self.config.kernel_size - 1
-        if k1 > 0:  # each conv's new window: the k-1 inputs before each sequence's own end
-            state["window"][batch.slots] = torch.stack([batch.last_inputs(full, k1) for full in inputs], dim=1)
-        h = batch.unpad(h)
+        """Run the new tokens of each sequence after its window; slide the windows in place. Decode rows run apart
+        from prefill chunks (split_decodes), so that they are not padded to a chunk's length."""
+        (h,) = run_by_parts(split_decodes(batch), lambda part, tokens: (self._part(part, tokens, state),),
+                            batch.token_ids)
         if batch.logits_indices is not None:
             h = h[batch.logits_indices]
         return self._logits(h)
+
+    def _part(self, part: StepBatch, token_ids: torch.Tensor, state: SlotState) -> torch.Tensor:
+        """A part's packed tokens -> their top hidden states (T, C); its slots' windows slid in place."""
+        windows = state["window"][part.slots]  # (B, n_convs, k-1, C)
+        x = part.pad(self.embed(token_ids))  # (B, Q, E), right-padded: pads never reach real positions
+        h, inputs = self._run(x, list(windows.unbind(1)), serving=True)
+        k1 = self.config.kernel_size - 1
+        if k1 > 0:  # each conv's new window: the k-1 inputs before each sequence's own end
+            state["window"][part.slots] = torch.stack([part.last_inputs(full, k1) for full in inputs], dim=1)
+        return part.unpad(h)
