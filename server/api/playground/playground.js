@@ -371,6 +371,12 @@ function showTip(span, tokens, state) {
   state.tipShown += 1;
   if (tokens.some((t) => t.grammar)) markAllowed(state, state.tipShown, sections, tokens);
   tip.hidden = false;
+  placeTip(span);
+}
+
+/** Put the tip under the token (above it when there is no room below), within the window. */
+function placeTip(span) {
+  const tip = $("tip");
   const box = span.getBoundingClientRect();
   const width = tip.offsetWidth;
   const left = Math.min(Math.max(4, box.left), window.innerWidth - width - 4);
@@ -411,9 +417,11 @@ function installTips(state, container) {
       hideTip();
     }
   });
-  window.addEventListener("scroll", () => {  // the tip is placed for where the token was
-    pinned = null;
-    hideTip();
+  // The tip is placed for where the token was: a pinned one follows its token (a tap may scroll the page as it
+  // lands, and the scroll event can come after the click), a hovered one goes.
+  window.addEventListener("scroll", () => {
+    if (pinned !== null && pinned.isConnected) placeTip(pinned);
+    else hideTip();
   }, {passive: true});
 }
 

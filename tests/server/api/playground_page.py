@@ -159,7 +159,7 @@ class PlaygroundPage:
             if (tip.hidden) return null;
             const box = tip.getBoundingClientRect();
             return {alternatives: [...tip.querySelectorAll('li')].map(li => li.textContent),
-                    head: tip.querySelector('p').textContent, left: box.left, right: box.right};""")
+                    head: tip.querySelector('p').textContent, left: box.left, right: box.right, top: box.top};""")
 
     def page_error(self) -> str | None:
         try:

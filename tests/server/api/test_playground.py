@@ -203,6 +203,13 @@ def test_usable_on_a_phone_sized_screen(browser, server):
     page.token_spans()[0].click()  # a tap pins the tip
     tip = page.wait(page.tip, "the alternatives after a tap")
     assert 0 <= tip["left"] and tip["right"] <= PHONE[0]
+    # Scrolling keeps a pinned tip, under its token wherever that goes (a tap that scrolls as it lands lost it).
+    token_top = page.js("return document.querySelector('#outputs .tok').getBoundingClientRect().top")
+    page.js("window.scrollBy(0, 20)")
+    page.wait(lambda: page.js("return document.querySelector('#outputs .tok').getBoundingClientRect().top")
+              != token_top, "the page to scroll")
+    moved = page.wait(lambda: (now := page.tip()) and now["top"] != tip["top"] and now, "the tip to follow its token")
+    assert tip["top"] - moved["top"] == pytest.approx(20, abs=1)
     width = page.js("return [document.documentElement.scrollWidth, window.innerWidth]")
     assert width[0] <= width[1], "the results scroll sideways"
     assert_no_page_errors(page)
