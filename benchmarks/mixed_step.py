@@ -1,0 +1,94 @@
+"""A continuous-batching step that mixes one prefill chunk with many decodes, for each slot-state architecture:
+the step as Quill runs it (decode rows apart from the chunk, `models.batch.split_decodes`) against the same step
+run as one part padded to the chunk's length (how the gated CNN, fconv and Mamba-2 ran it before), interleaved in
+one run. Both give the same logits; the ratio is what padding the decode rows cost.
+
+    python -m benchmarks.mixed_step [--chunk 256] [--decodes 31] [--repeats 5] [--threads 2] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+import models.fconv
+import models.gcnn
+import models.mamba
+import models.xlstm
+from models.batch import StepBatch
+from models.registry import ARCHITECTURES
+
+from .hardware import describe_machine, load_average
+from .timing import interleaved_times, write_json
+
+VOCAB = 8000
+# Small shapes of each family, so that all of them run in about a minute on 2 CPU cores; each module whose step
+# splits its parts (patched for the padded contender).
+SHAPES = {
+    "gcnn": (dict(d_embed=256, d_model=256, n_blocks=4, layers_per_block=2, kernel_size=4), models.gcnn),
+    "fconv": (dict(embed_dim=256, layers=[[256, 4, 1]] * 6, out_embed_dim=256), models.fconv),
+    "mamba": (dict(d_model=256, n_layers=4, d_inner=512, dt_rank=16), models.mamba),
+    "mamba2": (dict(hidden_size=256, num_layers=4, num_heads=8, head_dim=64, state_size=64), models.mamba),
+    "xlstm": (dict(d_model=256, n_blocks=4, n_heads=4, chunk_size=64), models.xlstm),
+}
+
+
+def padded_step(model, module, batch: StepBatch, state) -> torch.Tensor:
+    """The step run as one part, every row padded to the longest chunk (the behaviour before the split)."""
+    with mock.patch.object(module, "split_decodes", lambda batch: [(batch, None)]):
+        return model.step(batch, state)
+
+
+def mixed_batch(chunk: int, decodes: int) -> StepBatch:
+    """Sequence 0 prefills `chunk` tokens after 100 computed ones; sequences 1.. decode one token each."""
+    generator = torch.Generator().manual_seed(0)
+    tokens = [torch.randint(0, VOCAB, (chunk,), generator=generator).tolist()]
+    tokens += [[int(t)] for t in torch.randint(0, VOCAB, (decodes,), generator=generator)]
+    return StepBatch.build(tokens, [100] * (1 + decodes), slots=list(range(1 + decodes)))
+
+
+def run(args: argparse.Namespace) -> dict:
+    results = {"machine": describe_machine(), "load_average": load_average(), "chunk": args.chunk,
+               "decodes": args.decodes, "repeats": args.repeats, "threads": torch.get_num_threads(), "models": {}}
+    batch = mixed_batch(args.chunk, args.decodes)
+    for name, (shape, module) in SHAPES.items():
+        config_cls, model_cls = ARCHITECTURES[name]
+        torch.manual_seed(0)
+        model = model_cls(config_cls(vocab_size=VOCAB, **shape)).eval()
+        seqs = 1 + args.decodes
+        want = model.step(batch, model.new_state(seqs))
+        difference = (padded_step(model, module, batch, model.new_state(seqs)) - want).abs().max().item()
+        state = model.new_state(seqs)  # stepped again and again: its values do not change the work
+        times = interleaved_times({"split": lambda: model.step(batch, state),
+                                   "padded": lambda: padded_step(model, module, batch, state)}, args.repeats)
+        split_s, padded_s = (statistics.median(times[k]["wall"]) for k in ("split", "padded"))
+        results["models"][name] = {"split_ms": split_s * 1e3, "padded_ms": padded_s * 1e3,
+                                   "padded_over_split": padded_s / split_s, "max_logit_difference": difference}
+        print(f"{name}: split {split_s * 1e3:.1f} ms, padded {padded_s * 1e3:.1f} ms "
+              f"({padded_s / split_s:.1f}x), logits within {difference:.1e}", flush=True)
+    results["load_average_after"] = load_average()
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunk", type=int, default=256, help="the prefill chunk's tokens")
+    parser.add_argument("--decodes", type=int, default=31, help="sequences decoding one token each")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
+    parser.add_argument("--out", type=Path, help="also write the results here, as JSON")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = run(args)
+    if args.out:
+        write_json(args.out, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()
