@@ -7,6 +7,8 @@ implementation to keep equal to the incremental one.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import nn
 
@@ -14,19 +16,20 @@ from .batch import StepBatch
 from .state import SlotState
 
 
-class SlotLanguageModel(nn.Module):
+class SlotLanguageModel(nn.Module, ABC):
     state_kind = SlotState.kind
 
+    @abstractmethod
     def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
         """(T, D) the top hidden states of the step's packed tokens; the slots updated in place."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, D) hidden states -> (N, V) float32 logits."""
-        raise NotImplementedError
 
+    @abstractmethod
     def new_state(self, num_slots: int, dtype: torch.dtype | None = None) -> SlotState:
-        raise NotImplementedError
+        """`num_slots` zeroed slots; `dtype` (default: the weights') for the parts not kept in float32."""
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits, from an empty state."""
