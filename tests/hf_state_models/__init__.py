@@ -3,8 +3,16 @@ own classes (`save_pretrained`), one module a family: for the model, engine and 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
+
+from models.checkpoint import CheckpointError, load_checkpoint
+from server.engine.core import EngineCore
+from server.sampling import SamplingParams
+from tests.server.engine.helpers import run_to_completion
 
 
 def assert_beams_match(beams: dict[int, dict], reference, prompt: list[int], eos: int | None = None,
@@ -20,3 +28,28 @@ def assert_beams_match(beams: dict[int, dict], reference, prompt: list[int], eos
             want.pop()
         assert beam["token_ids"] == want, f"beam {j}"
         assert beam["score"] == pytest.approx(expected.sequences_scores[j].item(), abs=1e-4), f"beam {j}"
+
+
+def assert_engine_beams_match(engine: EngineCore, reference, prompts: list[list[int]], params: SamplingParams,
+                              eos: int | None = None, **generate) -> None:
+    """Each prompt, run in `engine` as a beam-search request of `params`, returns `params.n` beams equal to
+    transformers' (see assert_beams_match; `generate`: its settings, matching `params`)."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"beam{i}", prompt, params)
+    results = run_to_completion(engine)
+    for i, prompt in enumerate(prompts):
+        assert len(results[f"beam{i}"]) == params.n
+        assert_beams_match(results[f"beam{i}"], reference, prompt, eos=eos, **generate)
+
+
+def edit_config(directory: Path, **changes) -> None:
+    """Set keys of a saved checkpoint's config.json; its weights stay as saved."""
+    path = directory / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def assert_load_refused(directory: Path, option: str, **changes) -> None:
+    """The checkpoint in `directory`, with `changes` to its config, fails to load with an error naming `option`."""
+    edit_config(directory, **changes)
+    with pytest.raises(CheckpointError, match=option):
+        load_checkpoint(directory, device="cpu", dtype="float32")

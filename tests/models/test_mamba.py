@@ -7,22 +7,20 @@ one batch with other sequences, and through a slot copy.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
 from models.batch import StepBatch
-from models.checkpoint import CheckpointError, load_checkpoint
+from models.checkpoint import load_checkpoint
 from models.hf import config_from_hf
 from models.mamba import MambaConfig, MambaLanguageModel
 from models.mamba_scan import chunk_length, selective_scan
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
-from tests.hf_state_models import assert_beams_match
+from tests.hf_state_models import assert_engine_beams_match, assert_load_refused
 from tests.hf_state_models.mamba import MODEL_TYPES, V, save_tiny
 from tests.server.engine.graph_emulation import EmulatedGraphs, HostSyncGuard
 from tests.server.engine.helpers import run_to_completion
@@ -218,13 +216,8 @@ def test_engine_beam_search_matches_transformers(pair):
     e = engine(loaded)
     add_neighbours(e)
     params = SamplingParams(max_tokens=6, use_beam_search=True, beam_width=3, n=2, length_penalty=1.0)
-    for i, prompt in enumerate(PROMPTS):
-        e.add_request(f"beam{i}", prompt, params)
-    results = run_to_completion(e)
-    for i, prompt in enumerate(PROMPTS):
-        assert len(results[f"beam{i}"]) == 2
-        assert_beams_match(results[f"beam{i}"], reference, prompt, eos=EOS, num_beams=3, max_new_tokens=6,
-                           length_penalty=1.0, early_stopping=False, use_cache=False)
+    assert_engine_beams_match(e, reference, PROMPTS, params, eos=EOS, num_beams=3, max_new_tokens=6,
+                              length_penalty=1.0, early_stopping=False, use_cache=False)
 
 
 # ---- loading ---------------------------------------------------------------------------------------------
@@ -292,10 +285,7 @@ def test_released_configs_and_state_sizes():
 ])
 def test_unimplemented_option_is_refused(tmp_path, change, option):
     save_tiny(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
-    with pytest.raises(CheckpointError, match=option):
-        load_checkpoint(tmp_path, device="cpu", dtype="float32")
+    assert_load_refused(tmp_path, option, **change)
 
 
 def test_untied_head_and_biases_load(tmp_path):

@@ -7,20 +7,18 @@ greedy and beam search must give transformers' `generate` tokens.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
 from models.batch import StepBatch
-from models.checkpoint import CheckpointError, load_checkpoint
+from models.checkpoint import load_checkpoint
 from models.mamba2 import GatedRMSNorm, Mamba2Config, Mamba2LanguageModel
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
-from tests.hf_state_models import assert_beams_match
+from tests.hf_state_models import assert_engine_beams_match, assert_load_refused, edit_config
 from tests.hf_state_models.mamba2 import VOCAB, save_tiny
 from tests.server.engine.graph_emulation import EmulatedGraphs
 from tests.server.engine.helpers import run_to_completion
@@ -163,12 +161,7 @@ def test_engine_beam_search_matches_transformers_generate(default_pair):
     reference, loaded = default_pair
     e = engine(loaded)
     params = SamplingParams(max_tokens=6, use_beam_search=True, beam_width=3, n=2, ignore_eos=True)
-    for i, prompt in enumerate(PROMPTS[:3]):
-        e.add_request(f"b{i}", prompt, params)
-    results = run_to_completion(e)
-    for i, prompt in enumerate(PROMPTS[:3]):
-        assert len(results[f"b{i}"]) == 2
-        assert_beams_match(results[f"b{i}"], reference, prompt, num_beams=3, max_new_tokens=6, min_new_tokens=6)
+    assert_engine_beams_match(e, reference, PROMPTS[:3], params, num_beams=3, max_new_tokens=6, min_new_tokens=6)
 
 
 def test_engine_greedy_with_a_clamped_dt_matches_the_full_forward(tmp_path):
@@ -190,18 +183,11 @@ def test_engine_greedy_with_a_clamped_dt_matches_the_full_forward(tmp_path):
 
 # ---- configs ---------------------------------------------------------------------------------------------
 
-def edit_config(directory, **changes) -> None:
-    path = directory / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
-
-
 @pytest.mark.parametrize("changes, option", [(dict(hidden_act="gelu"), "hidden_act"),
                                              (dict(rms_norm=False), "rms_norm")])
 def test_an_option_quill_does_not_implement_is_refused(tmp_path, changes, option):
     save_tiny(tmp_path)
-    edit_config(tmp_path, **changes)
-    with pytest.raises(CheckpointError, match=option):
-        load_checkpoint(tmp_path, device="cpu", dtype="float32")
+    assert_load_refused(tmp_path, option, **changes)
 
 
 def test_config_norm_before_gate_is_read_as_transformers_reads_it(tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
@@ -11,12 +10,12 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from models.batch import StepBatch
-from models.checkpoint import CheckpointError, load_checkpoint
+from models.checkpoint import load_checkpoint
 from models.xlstm import HF_DEFAULTS, read_hf_config
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
-from tests.hf_state_models import assert_beams_match
+from tests.hf_state_models import assert_engine_beams_match, assert_load_refused
 from tests.hf_state_models.xlstm import V, save_tiny
 from tests.server.engine.helpers import run_to_completion
 
@@ -245,13 +244,8 @@ def test_engine_beam_search_matches_transformers_generate(sharp_pair):
     reference, loaded = sharp_pair
     e = engine(loaded)
     params = SamplingParams(max_tokens=8, use_beam_search=True, beam_width=3, n=2, ignore_eos=True)
-    for i, prompt in enumerate(PROMPTS[:2]):
-        e.add_request(f"beam{i}", prompt, params)
-    results = run_to_completion(e)
-    for i, prompt in enumerate(PROMPTS[:2]):
-        assert len(results[f"beam{i}"]) == 2
-        assert_beams_match(results[f"beam{i}"], reference, prompt, num_beams=3, max_new_tokens=8, min_new_tokens=8,
-                           use_cache=False)
+    assert_engine_beams_match(e, reference, PROMPTS[:2], params, num_beams=3, max_new_tokens=8, min_new_tokens=8,
+                              use_cache=False)
     assert e.cache.usage == 0
 
 
@@ -290,10 +284,7 @@ def test_the_7b_shape_reads_with_transformers_defaults_and_its_state_size():
 
 def test_a_refused_checkpoint_fails_to_load_naming_the_option(tmp_path):
     save_tiny(tmp_path)
-    raw = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**raw, "tie_word_embeddings": True}))
-    with pytest.raises(CheckpointError, match="tie_word_embeddings"):
-        load_checkpoint(tmp_path, device="cpu", dtype="float32")
+    assert_load_refused(tmp_path, "tie_word_embeddings", tie_word_embeddings=True)
 
 
 def test_decode_steps_replayed_as_graphs_give_the_eager_answers(sharp_pair):
