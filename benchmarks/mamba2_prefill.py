@@ -21,7 +21,6 @@ from models.hf_families import FAMILIES
 from models.mamba2 import Mamba2LanguageModel
 
 from . import prefill
-from .timing import write_json
 
 # state-spaces/mamba2-130m's shape (vocabulary 50,277 padded to a multiple of 16, tied embeddings).
 SHAPE_130M = dict(vocab_size=50288, hidden_size=768, num_hidden_layers=24, expand=2, num_heads=24, head_dim=64,
@@ -54,10 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     shape = SHAPE_TINY if args.smoke else SHAPE_130M
     reference, ours = build(shape, torch.device(args.device))
     chunks = {f"quill, chunks of {chunk}": chunk for chunk in args.chunks}
-    results = prefill.compare(args, shape, reference, ours, set_chunk_size, chunks)
-    if args.out:
-        write_json(args.out, results)
-    return results
+    return prefill.compare(args, shape, reference, ours, set_chunk_size, chunks)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from models.hf_families import FAMILIES
 from models.mamba import MambaLanguageModel
 
 from . import prefill
-from .timing import write_json
 
 # state-spaces/mamba-130m-hf's shape (tied embeddings).
 SHAPE_130M = dict(vocab_size=50280, hidden_size=768, num_hidden_layers=24, state_size=16, expand=2, conv_kernel=4,
@@ -49,10 +48,7 @@ def main(argv: list[str] | None = None) -> dict:
     reference, ours = build(shape, torch.device(args.device))
     # a chunk as long as the prompt: the scan's token loop
     chunks = {"quill, token loop": args.tokens} | {f"quill, chunks of {chunk}": chunk for chunk in args.chunks}
-    results = prefill.compare(args, shape, reference, ours, set_scan_chunk, chunks)
-    if args.out:
-        write_json(args.out, results)
-    return results
+    return prefill.compare(args, shape, reference, ours, set_scan_chunk, chunks)
 
 
 if __name__ == "__main__":

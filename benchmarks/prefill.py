@@ -12,7 +12,7 @@ import torch
 from models.batch import StepBatch
 
 from .hardware import describe_device, describe_machine, load_average
-from .timing import interleaved_times
+from .timing import interleaved_times, write_json
 
 
 def parse_options(argv: list[str] | None, description: str, chunks: list[int], chunks_help: str,
@@ -45,7 +45,7 @@ def load_tied(ours: torch.nn.Module, reference: torch.nn.Module) -> torch.nn.Mod
 def compare(args: argparse.Namespace, shape: dict, reference, ours, set_chunk, chunks: dict[str, int]) -> dict:
     """transformers' forward against Quill's step at each scan chunk (run name -> chunk, set by `set_chunk(ours,
     chunk)`) on one random prompt of args.tokens: wall and CPU time (the fastest of args.repeats, interleaved),
-    speed-ups and last-logit errors, printed and returned."""
+    speed-ups and last-logit errors, printed, returned and written to args.out if given."""
     device = torch.device(args.device)
     ids = torch.randint(0, shape["vocab_size"], (args.tokens,), generator=torch.Generator().manual_seed(1))
     results = {"machine": describe_machine(), "device": describe_device(device), "load_average": load_average(),
@@ -75,4 +75,6 @@ def compare(args: argparse.Namespace, shape: dict, reference, ours, set_chunk, c
         print(line)
     results["load_average_after"] = load_average()
     print(json.dumps({"load_average_after": results["load_average_after"]}))
+    if args.out:
+        write_json(args.out, results)
     return results
