@@ -29,7 +29,7 @@ from .batch import StepBatch, run_by_parts, split_decodes
 from .mamba_scan import scan_step, selective_scan
 from .slot_model import SlotLanguageModel
 from .state import SlotState
-from .transformer import RMSNorm
+from .transformer import RMSNorm, rms_normalise
 
 ACTIVATIONS = ("silu", "swish")  # the convolution's activation: the only one Quill runs
 # What transformers' MambaConfig / FalconMambaConfig assume when config.json leaves a key out.
@@ -90,12 +90,6 @@ def read_config(raw: dict) -> MambaConfig:
     )
 
 
-def weightless_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Falcon-Mamba's norm of dt, B and C: normalized in float32, returned in x's dtype."""
-    h = x.float()
-    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
-
-
 class MambaMixer(nn.Module):
     """Named as transformers names it (`mixer`), so that checkpoint tensor names are our parameter names."""
 
@@ -135,8 +129,8 @@ class MambaMixer(nn.Module):
         state["conv"][where] = part.last_inputs(inputs, c.d_conv - 1, dim=-1).to(state["conv"].dtype)
         u = part.unpad(conv)  # (T, d_inner)
         dt, B, C = self.x_proj(u).split([c.dt_rank, c.d_state, c.d_state], dim=-1)
-        if c.bcdt_norm:
-            dt, B, C = (weightless_rms_norm(t, c.mixer_norm_eps) for t in (dt, B, C))
+        if c.bcdt_norm:  # Falcon-Mamba: weightless, in float32, back to the model's dtype
+            dt, B, C = (rms_normalise(t, c.mixer_norm_eps).type_as(t) for t in (dt, B, C))
         dt = F.softplus(self.dt_proj(dt).float())  # (T, d_inner)
         A = -torch.exp(self.A_log.float())  # (d_inner, d_state)
         u32, B, C = u.float(), B.float(), C.float()

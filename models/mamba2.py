@@ -31,6 +31,7 @@ from .mamba import MambaBackbone
 from .slot_model import SlotLanguageModel
 from .ssd import ssd_chunked, ssd_step
 from .state import SlotState
+from .transformer import rms_normalise
 
 ACTIVATIONS = ("silu", "swish")  # the convolution's activation; the gate is SiLU in every Mamba-2
 MAX_SCAN_CHUNK = 64  # see read_config
@@ -122,8 +123,7 @@ class GatedRMSNorm(nn.Module):
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         gate = F.silu(z.float())
         y = y.float() if self.norm_before_gate else y.float() * gate
-        groups = y.unflatten(-1, (self.n_groups, -1))
-        y = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
+        y = rms_normalise(y.unflatten(-1, (self.n_groups, -1)), self.eps).flatten(-2)
         return self.weight * (y * gate if self.norm_before_gate else y)
 
 

@@ -90,6 +90,12 @@ class TransformerConfig:
             raise ValueError(f"sinusoidal positions need an even d_model, not {self.d_model}")
 
 
+def rms_normalise(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x over its root mean square along the last dimension, computed in float32 (float64 stays float64)."""
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 class RMSNorm(nn.Module):
     """Normalises in float32 whatever the weights' dtype, as Llama does."""
 
@@ -100,12 +106,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def _normalised(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * self._normalised(x).to(x.dtype)
+        return self.weight * rms_normalise(x, self.eps).to(x.dtype)
 
 
 class UnitOffsetRMSNorm(RMSNorm):
@@ -122,7 +124,7 @@ class UnitOffsetRMSNorm(RMSNorm):
         nn.init.zeros_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (self._normalised(x) * (1.0 + self.weight.float())).to(x.dtype)
+        return (rms_normalise(x, self.eps) * (1.0 + self.weight.float())).to(x.dtype)
 
 
 NORMS = {"rmsnorm": RMSNorm, "rmsnorm_unit_offset": UnitOffsetRMSNorm, "layernorm": nn.LayerNorm}

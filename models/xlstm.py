@@ -26,6 +26,7 @@ from . import mlstm
 from .batch import StepBatch, run_by_parts, split_decodes
 from .slot_model import SlotLanguageModel
 from .state import SlotState
+from .transformer import rms_normalise
 
 WEIGHT_MODES = ("single", "fused")  # q, k, v, gates as separate matrices or concatenated ones
 STATE_NAMES = ("C", "n", "m")
@@ -86,8 +87,7 @@ class RMSNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(width)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.to(torch.promote_types(x.dtype, torch.float32))
-        y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        y = rms_normalise(x, self.eps).to(x.dtype) * self.weight
         return y if self.bias is None else y + self.bias
 
 
