@@ -51,11 +51,11 @@ class StepBatch:
         offset = torch.arange(self.num_tokens, device=self.token_ids.device) - self.seq_starts[seq_of_token]
         return seq_of_token * self.max_query_len + offset
 
-    def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """(T, ...) packed -> (B, max_query_len, ...) right-padded with zeros."""
+    def pad(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """(T, ...) packed -> (B, max_query_len, ...) right-padded with `fill`."""
         if self.max_query_len == 1:
             return x.unsqueeze(1)
-        out = x.new_zeros((self.num_seqs * self.max_query_len, *x.shape[1:]))
+        out = x.new_full((self.num_seqs * self.max_query_len, *x.shape[1:]), fill)
         out[self.flat_index] = x
         return out.view(self.num_seqs, self.max_query_len, *x.shape[1:])
 

@@ -161,9 +161,8 @@ class Mamba2Mixer(nn.Module):
         x, B, C = xbc.float().split([c.intermediate_size, c.n_groups * c.state_size, c.n_groups * c.state_size], -1)
         x = x.unflatten(-1, (c.num_heads, c.head_dim))
         B, C = B.unflatten(-1, (c.n_groups, c.state_size)), C.unflatten(-1, (c.n_groups, c.state_size))
-        dt = F.softplus(part.pad(dt).float() + self.dt_bias.float()).clamp(*c.time_step_limit)
-        if min(part.query_lens) < part.max_query_len:  # dt = 0: a padding position leaves the state as it was
-            dt = dt * part.pad(torch.ones_like(part.token_ids, dtype=torch.bool))[..., None]
+        # padded after the softplus: a padding position's dt is 0, so it leaves the state as it was
+        dt = part.pad(F.softplus(dt.float() + self.dt_bias.float()).clamp(*c.time_step_limit))
         A = -torch.exp(self.A_log.float())
         if part.max_query_len == 1:
             y, ssm = ssd_step(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], state["ssm"][where])

@@ -150,13 +150,11 @@ class MLSTMLayer(nn.Module):
         old = tuple(state[name][where] for name in STATE_NAMES)  # each (B, H, ...)
         dtype = old[0].dtype  # float32, or float64 in tests
 
-        def heads(t: torch.Tensor) -> torch.Tensor:  # (T, H * d) or (T, H) -> (B, H, Q, d) or (B, H, Q)
-            return part.pad(t.to(dtype).view(t.shape[0], c.n_heads, -1)).transpose(1, 2)
+        def heads(t: torch.Tensor, fill: float = 0.0) -> torch.Tensor:  # (T, H * d) or (T, H) -> (B, H, Q, d)
+            return part.pad(t.to(dtype).view(t.shape[0], c.n_heads, -1), fill).transpose(1, 2)  # or (B, H, Q, 1)
 
-        i, f = heads(i).squeeze(-1), heads(f).squeeze(-1)
-        if len(set(part.query_lens)) > 1:  # padding: no input, forget nothing (log sigmoid(inf) = 0)
-            padding = ~part.pad(torch.ones_like(part.token_ids, dtype=torch.bool)).unsqueeze(1)
-            i, f = i.masked_fill(padding, float("-inf")), f.masked_fill(padding, float("inf"))
+        # padding: no input (i = -inf), nothing forgotten (log sigmoid(+inf) = 0), so the state stays as it was
+        i, f = heads(i, float("-inf")).squeeze(-1), heads(f, float("inf")).squeeze(-1)
         h, new = mlstm.sequence(heads(q), heads(k), heads(v), i, f, old, c.eps, c.chunk_size)
         for name, tensor in zip(STATE_NAMES, new):
             state[name][where] = tensor

@@ -29,3 +29,12 @@ def test_whole_sequences():
     batch = StepBatch.whole(torch.tensor([[5, 6, 7], [8, 9, 10]]))
     assert batch.query_lens == [3, 3] and batch.slots.tolist() == [0, 1]
     assert batch.positions.tolist() == [0, 1, 2, 0, 1, 2] and batch.logits_indices is None
+
+
+def test_pad_fills_past_each_sequence_and_unpad_undoes_it():
+    batch = StepBatch.build([[1, 2, 3], [4]], [0, 0])
+    x = batch.token_ids.float()
+    assert batch.pad(x).tolist() == [[1, 2, 3], [4, 0, 0]]
+    padded = batch.pad(x, float("-inf"))
+    assert padded.tolist() == [[1, 2, 3], [4, float("-inf"), float("-inf")]]
+    assert batch.unpad(padded).tolist() == [1, 2, 3, 4]
