@@ -74,8 +74,11 @@ class CausalGatedConv(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(2 * out_channels, in_channels, kernel_size))
-        self.bias = nn.Parameter(torch.empty(2 * out_channels))
+        # fairseq's initialisation (without dropout), so that a model built from its config alone is defined; a
+        # checkpoint's weights replace it (built on the meta device, this costs nothing)
+        self.weight = nn.Parameter(torch.randn(2 * out_channels, in_channels, kernel_size)
+                                   * (4 / (kernel_size * in_channels)) ** 0.5)
+        self.bias = nn.Parameter(torch.zeros(2 * out_channels))
         self.kernel_size = kernel_size
 
     def forward(self, x: torch.Tensor, history: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
