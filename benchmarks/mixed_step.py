@@ -39,8 +39,11 @@ SHAPES = {
 
 def padded_step(model, module, batch: StepBatch, state) -> torch.Tensor:
     """The step run as one part, every row padded to the longest chunk (the behaviour before the split)."""
-    with mock.patch.object(module, "split_decodes", lambda batch: [(batch, None)]):
-        return model.step(batch, state)
+    with mock.patch.object(module, "split_decodes", side_effect=lambda batch: [(batch, None)]) as one_part:
+        logits = model.step(batch, state)
+    if not one_part.called:  # else both contenders ran the same split step
+        raise RuntimeError(f"{type(model).__name__} does not split its step by {module.__name__}.split_decodes")
+    return logits
 
 
 def mixed_batch(chunk: int, decodes: int) -> StepBatch:

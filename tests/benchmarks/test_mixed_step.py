@@ -1,3 +1,5 @@
+import pytest
+
 from benchmarks import mixed_step
 
 
@@ -6,5 +8,17 @@ def test_split_and_padded_steps_agree_for_every_family(tmp_path):
     results = mixed_step.main(["--chunk", "9", "--decodes", "3", "--repeats", "1", "--out", str(out)])
     assert set(results["models"]) == set(mixed_step.SHAPES) and out.exists()
     for name, run in results["models"].items():
-        assert run["max_logit_difference"] < 1e-3, name  # the same logits either way
-        assert run["split_ms"] > 0 and run["padded_ms"] > 0
+        # the same logits either way (padded_step raises if the model did not ask to be split: nothing was padded)
+        assert run["max_logit_difference"] < 1e-3, name
+
+
+def test_a_step_that_does_not_ask_the_patched_module_is_refused():
+    """Were a family's step to stop calling its module's split_decodes, the 'padded' contender would time the split
+    step: here the gated CNN's step, with Mamba's module patched."""
+    import models.mamba
+
+    shape, _ = mixed_step.SHAPES["gcnn"]
+    config_cls, model_cls = mixed_step.ARCHITECTURES["gcnn"]
+    model = model_cls(config_cls(vocab_size=mixed_step.VOCAB, **shape))
+    with pytest.raises(RuntimeError, match="does not split its step"):
+        mixed_step.padded_step(model, models.mamba, mixed_step.mixed_batch(chunk=3, decodes=2), model.new_state(3))
