@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from models.hf_families import FAMILIES
+from models.hf import config_from_hf
 from models.mamba2 import Mamba2LanguageModel
 
 from . import prefill
@@ -35,9 +35,7 @@ def build(shape: dict, device: torch.device):
 
     torch.manual_seed(0)
     reference = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(**shape)).eval().to(device)
-    family = FAMILIES["mamba2"]
-    raw = {**family.defaults, **json.loads(reference.config.to_json_string()), "time_step_limit": [0.0, "inf"]}
-    ours = Mamba2LanguageModel(family.read_config(raw))
+    ours = Mamba2LanguageModel(config_from_hf(json.loads(reference.config.to_json_string()))[0])
     return reference, prefill.load_tied(ours, reference).eval().to(device)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from models.hf_families import FAMILIES
+from models.hf import config_from_hf
 from models.mamba import MambaLanguageModel
 
 from . import prefill
@@ -32,8 +32,7 @@ def build(shape: dict, device: torch.device):
 
     torch.manual_seed(0)
     reference = transformers.MambaForCausalLM(transformers.MambaConfig(**shape)).eval().to(device)
-    family = FAMILIES["mamba"]
-    ours = MambaLanguageModel(family.read_config({**family.defaults, **reference.config.to_dict()}))
+    ours = MambaLanguageModel(config_from_hf(reference.config.to_dict())[0])
     return reference, prefill.load_tied(ours, reference).eval().to(device)
 
 

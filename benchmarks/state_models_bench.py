@@ -60,9 +60,8 @@ from models.batch import StepBatch
 from models.checkpoint import LoadedModel, load_checkpoint
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
 
-from . import hf_runs, quill_runs
+from . import hf_runs, mamba_prefill, quill_runs
 from .checkpoints import save_random_model
 from .hardware import describe_machine, load_average
 from .timing import interleaved_times, write_json
@@ -74,12 +73,12 @@ PAD_ID = 0
 
 # name (a family of checkpoints.HF_FAMILIES) -> config keyword arguments
 SHAPES = {
-    "mamba": dict(vocab_size=50280, hidden_size=768, num_hidden_layers=24, state_size=16, expand=2, conv_kernel=4),
+    "mamba": mamba_prefill.SHAPE_130M,
     "xlstm": dict(vocab_size=50304, hidden_size=768, num_hidden_layers=12, num_heads=4, qk_dim_factor=0.5,
                   v_dim_factor=1.0),
 }
 SMOKE_SHAPES = {
-    "mamba": dict(vocab_size=300, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4),
+    "mamba": mamba_prefill.SHAPE_TINY,
     "xlstm": dict(vocab_size=300, hidden_size=128, num_hidden_layers=2, num_heads=4, chunk_size=8),  # transformers' cache rounds q/k up to 64
 }
 PARTS = ("throughput", "chat", "step")
@@ -227,23 +226,15 @@ def greedy_check(requests: list[TokenizedRequest], quill: dict, hf: dict) -> dic
 
 
 def timed_turn(core: EngineCore, request_id: str, prompt: list[int], max_tokens: int) -> dict:
-    """Run one request alone to its end: seconds to its first token and to its last, its tokens."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    """Run one greedy request alone to its end: seconds to its first token and to its last, its tokens."""
     hits_before = core.cache.prefix_hits
+    tokens: dict[str, list[int]] = {}
+    arrivals: list[float] = []
     start = time.perf_counter()
-    core.add_request(request_id, prompt, params)
-    first, tokens = None, []
-    while core.has_work():
-        for out in core.step():
-            if out.error:
-                raise RuntimeError(f"request {out.request_id} failed: {out.error}")
-            tokens += out.outputs[0].token_ids
-        if tokens and first is None:
-            first = time.perf_counter() - start
-    if len(tokens) != max_tokens:
-        raise RuntimeError(f"{request_id} generated {len(tokens)} of {max_tokens} tokens")
-    return {"first_token_s": first, "answer_s": time.perf_counter() - start, "tokens": tokens,
-            "prefix_hit_tokens": core.cache.prefix_hits - hits_before}
+    quill_runs.drive(core, [TokenizedRequest(request_id, prompt, max_tokens, {"temperature": 0})],
+                     on_tokens=lambda: arrivals.append(time.perf_counter()), tokens=tokens)
+    return {"first_token_s": arrivals[0] - start, "answer_s": time.perf_counter() - start,
+            "tokens": tokens[request_id], "prefix_hit_tokens": core.cache.prefix_hits - hits_before}
 
 
 def chat(s: Settings, loaded: LoadedModel, log) -> dict:

@@ -17,6 +17,7 @@ import torch
 
 from models.hf import config_from_hf, family_of
 from models.registry import ARCHITECTURES
+from models.state import new_model_state, state_parts
 
 _MAMBA = dict(model_type="mamba", vocab_size=50280, state_size=16, expand=2, conv_kernel=4)
 _MAMBA2 = dict(model_type="mamba2", head_dim=64, state_size=128, expand=2, conv_kernel=4, n_groups=1)
@@ -51,11 +52,8 @@ def state_size(raw: dict, dtype: torch.dtype, block_size: int = 16) -> dict:
     with torch.device("meta"):
         model = model_cls(config).to(dtype)
         parameters = sum(p.numel() for p in model.parameters())
-        if model.state_kind == "hybrid":
-            state = model.new_state(1, 1, block_size=block_size)
-            fixed, per_token = state.slots.bytes_per_slot, state.kv.bytes_per_token
-        else:
-            fixed, per_token = model.new_state(1).bytes_per_slot, 0
+        kv, slots = state_parts(new_model_state(model, 1, 1, block_size))
+        fixed, per_token = slots.bytes_per_slot, 0 if kv is None else kv.bytes_per_token
     return {"family": raw["model_type"], "parameters": parameters, "state_bytes": fixed, "kv_bytes_per_token": per_token}
 
 

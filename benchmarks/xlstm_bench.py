@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from models.batch import StepBatch
-from models.xlstm import HF_DEFAULTS, XLSTMLanguageModel, read_hf_config
+from models.hf import config_from_hf
+from models.xlstm import XLSTMLanguageModel
 
 from .checkpoints import randomize_xlstm_gates
 from .hardware import describe_machine, load_average
@@ -38,7 +39,7 @@ def build(shape: dict, chunk_size: int):
     torch.manual_seed(0)
     reference = transformers.xLSTMForCausalLM(transformers.xLSTMConfig(**shape, chunk_size=64)).eval()
     randomize_xlstm_gates(reference)
-    config = read_hf_config({**HF_DEFAULTS, **reference.config.to_dict(), "chunk_size": chunk_size})
+    config = config_from_hf({**reference.config.to_dict(), "chunk_size": chunk_size})[0]
     ours = XLSTMLanguageModel(config).eval().requires_grad_(False)
     ours.load_state_dict(reference.state_dict())
     return reference.requires_grad_(False), ours
