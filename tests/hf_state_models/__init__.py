@@ -15,6 +15,33 @@ from server.sampling import SamplingParams
 from tests.server.engine.helpers import run_to_completion
 
 
+def full_logits(model, ids: list[int]) -> torch.Tensor:
+    """(len(ids), V) Quill's model's logits of one whole sequence, from an empty state."""
+    with torch.no_grad():
+        return model(torch.tensor([ids]))[0]
+
+
+def greedy_by_forwards(reference, ids: list[int], steps: int) -> list[int]:
+    """transformers' greedy tokens by full forwards without a cache (exact where its cached steps are not)."""
+    ids = list(ids)
+    with torch.no_grad():
+        for _ in range(steps):
+            ids.append(int(reference(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[-steps:]
+
+
+def assert_engine_greedy_matches(engine: EngineCore, reference, prompts: list[list[int]], params: SamplingParams,
+                                 **generate) -> None:
+    """Each prompt, run in `engine` as a greedy request of `params` beside whatever else it holds, gives
+    transformers' greedy `generate(**generate)` tokens (`generate`: its settings, matching `params`)."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"greedy{i}", prompt, params)
+    results = run_to_completion(engine)
+    for i, prompt in enumerate(prompts):
+        want = reference.generate(torch.tensor([prompt]), do_sample=False, **generate)
+        assert results[f"greedy{i}"][0]["token_ids"] == want[0, len(prompt):].tolist(), f"prompt {i}"
+
+
 def assert_beams_match(beams: dict[int, dict], reference, prompt: list[int], eos: int | None = None,
                        **generate) -> None:
     """The engine's beams of one request (`beams`: run_to_completion's outputs of it) equal transformers'

@@ -18,7 +18,7 @@ from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.fake_cuda import CUDA, assert_on_cuda, fake_cuda, fake_model
-from tests.hf_state_models import assert_beams_match, assert_load_refused
+from tests.hf_state_models import assert_beams_match, assert_load_refused, full_logits
 from tests.hf_state_models.lfm2 import TINY, V, save_tiny
 from tests.server.engine.graph_emulation import EmulatedGraphs, HostSyncGuard
 from tests.server.engine.helpers import run_to_completion
@@ -35,11 +35,6 @@ VARIANTS = {
 
 def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def full_logits(model: Lfm2LanguageModel, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([ids]))[0]
 
 
 def blocks_of(seq: int, length: int, stride: int = 8) -> list[int]:

@@ -20,10 +20,10 @@ from models.mamba_scan import chunk_length, selective_scan
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
-from tests.hf_state_models import assert_engine_beams_match, assert_load_refused
+from tests.hf_state_models import (assert_engine_beams_match, assert_engine_greedy_matches, assert_load_refused,
+                                  full_logits)
 from tests.hf_state_models.mamba import MODEL_TYPES, V, save_tiny
 from tests.server.engine.graph_emulation import EmulatedGraphs, HostSyncGuard
-from tests.server.engine.helpers import run_to_completion
 
 ATOL = 2e-5
 EOS = 5  # the tiny config's eos_token_id
@@ -46,10 +46,6 @@ def scan(request, pair):
 
 def tokens(length: int, seed: int) -> list[int]:
     return torch.randint(0, V, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def full_logits(model, ids: list[int]) -> torch.Tensor:
-    return model(torch.tensor([ids]))[0]
 
 
 @pytest.mark.parametrize("length", [1, 12, 100])
@@ -203,12 +199,8 @@ def test_engine_greedy_matches_transformers(pair, graphs):
     reference, loaded = pair
     e = engine(loaded, graphs)
     add_neighbours(e)
-    for i, prompt in enumerate(PROMPTS):
-        e.add_request(f"greedy{i}", prompt, SamplingParams(max_tokens=10, temperature=0))
-    results = run_to_completion(e)
-    for i, prompt in enumerate(PROMPTS):
-        want = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10, use_cache=False)
-        assert results[f"greedy{i}"][0]["token_ids"] == want[0, len(prompt):].tolist(), f"prompt {i}"
+    assert_engine_greedy_matches(e, reference, PROMPTS, SamplingParams(max_tokens=10, temperature=0),
+                                 max_new_tokens=10, use_cache=False)
 
 
 def test_engine_beam_search_matches_transformers(pair):

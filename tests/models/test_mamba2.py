@@ -18,7 +18,8 @@ from models.mamba2 import GatedRMSNorm, Mamba2Config, Mamba2LanguageModel
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
-from tests.hf_state_models import assert_engine_beams_match, assert_load_refused, edit_config
+from tests.hf_state_models import (assert_engine_beams_match, assert_engine_greedy_matches, assert_load_refused,
+                                  edit_config, full_logits, greedy_by_forwards)
 from tests.hf_state_models.mamba2 import VOCAB, save_tiny
 from tests.server.engine.graph_emulation import EmulatedGraphs
 from tests.server.engine.helpers import run_to_completion
@@ -43,11 +44,6 @@ def pair(request, tmp_path_factory):
 
 def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def full_logits(model, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([ids]))[0]
 
 
 def run_steps(model, state, slot: int, ids: list[int], sizes: list[int]) -> torch.Tensor:
@@ -148,12 +144,9 @@ def engine(loaded, graphs: bool = False) -> EngineCore:
 def test_engine_greedy_matches_transformers_generate(default_pair, graphs):
     reference, loaded = default_pair
     e = engine(loaded, graphs)
-    for i, prompt in enumerate(PROMPTS + PROMPTS[:2]):  # the repeats start from prefix snapshots
-        e.add_request(f"r{i}", prompt, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
-    results = run_to_completion(e)
-    for i, prompt in enumerate(PROMPTS + PROMPTS[:2]):
-        want = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10, min_new_tokens=10)
-        assert results[f"r{i}"][0]["token_ids"] == want[0, len(prompt):].tolist(), i
+    assert_engine_greedy_matches(e, reference, PROMPTS + PROMPTS[:2],  # the repeats start from prefix snapshots
+                                 SamplingParams(max_tokens=10, temperature=0, ignore_eos=True),
+                                 max_new_tokens=10, min_new_tokens=10)
     assert e.cache.prefix_hits > 0  # some prompts did start from a copied snapshot
 
 
@@ -174,11 +167,7 @@ def test_engine_greedy_with_a_clamped_dt_matches_the_full_forward(tmp_path):
         e.add_request(f"r{i}", prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     results = run_to_completion(e)
     for i, prompt in enumerate(PROMPTS[:2]):
-        ids = list(prompt)
-        with torch.no_grad():
-            for _ in range(6):
-                ids.append(int(reference(torch.tensor([ids])).logits[0, -1].argmax()))
-        assert results[f"r{i}"][0]["token_ids"] == ids[len(prompt):], i
+        assert results[f"r{i}"][0]["token_ids"] == greedy_by_forwards(reference, prompt, 6), i
 
 
 # ---- configs ---------------------------------------------------------------------------------------------

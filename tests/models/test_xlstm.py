@@ -15,9 +15,9 @@ from models.xlstm import HF_DEFAULTS, read_hf_config
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
-from tests.hf_state_models import assert_engine_beams_match, assert_load_refused
+from tests.hf_state_models import (assert_engine_beams_match, assert_engine_greedy_matches, assert_load_refused,
+                                  full_logits)
 from tests.hf_state_models.xlstm import V, save_tiny
-from tests.server.engine.helpers import run_to_completion
 
 CHUNK = 16  # the tiny checkpoint's chunk_size: prompts below cross several chunkwise pieces
 
@@ -47,11 +47,6 @@ def close(got: torch.Tensor, want: torch.Tensor, model) -> None:
 
 def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def full(model, seq: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([seq]))[0]
 
 
 def run(model, state, slots: list[int], new: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
@@ -135,7 +130,7 @@ def test_prompt_in_chunks_then_single_steps_equal_full_forward(model, sizes):
     got = [chunked(model, state, 2, prompt, sizes)]
     for i, token in enumerate(rest):
         got += run(model, state, [2], [[token]], [len(prompt) + i])
-    close(torch.cat(got), full(model, seq), model)
+    close(torch.cat(got), full_logits(model, seq), model)
 
 
 def state_tolerance(model) -> dict:
@@ -169,7 +164,7 @@ def test_mixed_batch_of_prefills_and_decodes_equals_each_alone(model):
             got[i].append(out)
             done[i] += out.shape[0]
     for i, seq in enumerate(seqs):
-        close(torch.cat(got[i]), full(model, seq), model)
+        close(torch.cat(got[i]), full_logits(model, seq), model)
     assert state["C"][[2, 4, 7]].abs().sum() == 0  # idle slots untouched
 
 
@@ -192,8 +187,8 @@ def test_copied_state_continues_like_a_fresh_prefill(model):
     chunked(model, state, 0, prefix, [7])
     state.copy([0], [3])  # fork: slot 3 continues from where slot 0 is
     a, b = run(model, state, [0, 3], [tail_a, tail_b], [len(prefix), len(prefix)])
-    close(a, full(model, prefix + tail_a)[len(prefix):], model)
-    close(b, full(model, prefix + tail_b)[len(prefix):], model)
+    close(a, full_logits(model, prefix + tail_a)[len(prefix):], model)
+    close(b, full_logits(model, prefix + tail_b)[len(prefix):], model)
 
 
 def test_bfloat16_model_keeps_a_float32_state():
@@ -229,13 +224,9 @@ def engine(loaded) -> EngineCore:
 def test_engine_greedy_matches_transformers_generate(sharp_pair):
     reference, loaded = sharp_pair
     e = engine(loaded)
-    prompts = PROMPTS + PROMPTS[2:]  # the repeat starts from a copied prefix snapshot
-    for i, prompt in enumerate(prompts):
-        e.add_request(f"greedy{i}", prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
-    results = run_to_completion(e)
-    for i, prompt in enumerate(prompts):
-        want = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, min_new_tokens=12)
-        assert results[f"greedy{i}"][0]["token_ids"] == want[0, len(prompt):].tolist(), i
+    assert_engine_greedy_matches(e, reference, PROMPTS + PROMPTS[2:],  # the repeat starts from a copied snapshot
+                                 SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+                                 max_new_tokens=12, min_new_tokens=12)
     assert e.cache.prefix_hits > 0 and e.cache.usage == 0
 
 

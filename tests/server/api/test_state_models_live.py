@@ -12,13 +12,11 @@ import time
 import httpx
 import openai
 import pytest
-import torch
 
 from benchmarks.soak import metric_values, wait_idle
 from tests.conftest import LiveServer
-
-CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
-          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+from tests.hf_state_models import greedy_by_forwards
+from tests.hub_checkpoints import CHATML_TEMPLATE
 FAMILIES = {  # served name -> (module of tests/hf_state_models, config changes)
     "mamba": ("mamba", {}),
     "falcon-mamba": ("mamba", {"model_type": "falcon_mamba"}),
@@ -29,15 +27,6 @@ FAMILIES = {  # served name -> (module of tests/hf_state_models, config changes)
 PROMPT = "To be, or not to be"
 
 
-def greedy(reference, ids: list[int], steps: int) -> list[int]:
-    """Greedy tokens by full forwards without a cache (exact for every family)."""
-    ids = list(ids)
-    with torch.no_grad():
-        for _ in range(steps):
-            ids.append(int(reference(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[-steps:]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """served name -> (the transformers model, its directory)."""
@@ -45,7 +34,7 @@ def served(tmp_path_factory):
     for name, (module, changes) in FAMILIES.items():
         directory = tmp_path_factory.mktemp(name)
         reference = importlib.import_module(f"tests.hf_state_models.{module}").save_tiny(directory, **changes)
-        (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+        (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML_TEMPLATE}))
         out[name] = (reference, directory)
     return out
 
@@ -73,7 +62,7 @@ def test_greedy_completion_and_stream_equal_transformers(served, client, name):
     reference, _ = served[name]
     tokenizer = tokenizer_of(served, name)
     prompt_ids = tokenizer.encode(PROMPT)
-    want = greedy(reference, prompt_ids, 12)
+    want = greedy_by_forwards(reference, prompt_ids, 12)
     done = client.completions.create(model=name, prompt=PROMPT, max_tokens=12, temperature=0,
                                      extra_body={"ignore_eos": True})
     assert done.choices[0].text == tokenizer.decode(want)
