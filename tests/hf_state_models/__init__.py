@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from models.batch import StepBatch
 from models.checkpoint import CheckpointError, load_checkpoint
 from server.engine.core import EngineCore
 from server.sampling import SamplingParams
@@ -19,6 +20,39 @@ def full_logits(model, ids: list[int]) -> torch.Tensor:
     """(len(ids), V) Quill's model's logits of one whole sequence, from an empty state."""
     with torch.no_grad():
         return model(torch.tensor([ids]))[0]
+
+
+def step_through(model, state, slot: int, ids: list[int], sizes: list[int], start: int = 0) -> torch.Tensor:
+    """Feed `ids` to `slot` from position `start`, a step for each chunk of `sizes` tokens (the last size repeated
+    until the ids run out); the logits of every token."""
+    out, pos = [], 0
+    while pos < len(ids):
+        size = sizes[min(len(out), len(sizes) - 1)]
+        batch = StepBatch.build([ids[pos : pos + size]], [start + pos], slots=[slot], logits="all")
+        out.append(model.step(batch, state))
+        pos += size
+    return torch.cat(out)
+
+
+def step_side_by_side(model, state, plans: dict[int, tuple[list[int], list[int]]]) -> dict[int, torch.Tensor]:
+    """Run sequences side by side, one StepBatch a step: `plans` maps a slot to its tokens and how many of them it
+    brings to each step (0: absent from that step; the last count repeated until its tokens run out). Returns each
+    slot's logits of every token."""
+    done = {slot: 0 for slot in plans}
+    got: dict[int, list[torch.Tensor]] = {slot: [] for slot in plans}
+    step = 0
+    while any(done[slot] < len(text) for slot, (text, _) in plans.items()):
+        seqs = [(slot, text[done[slot] : done[slot] + sizes[min(step, len(sizes) - 1)]])
+                for slot, (text, sizes) in plans.items()]
+        seqs = [(slot, new) for slot, new in seqs if new]
+        assert seqs, f"step {step}: no sequence brings a token"
+        batch = StepBatch.build([new for _, new in seqs], [done[slot] for slot, _ in seqs],
+                                slots=[slot for slot, _ in seqs], logits="all")
+        for (slot, new), rows in zip(seqs, model.step(batch, state).split(batch.query_lens)):
+            got[slot].append(rows)
+            done[slot] += len(new)
+        step += 1
+    return {slot: torch.cat(rows) for slot, rows in got.items()}
 
 
 def greedy_by_forwards(reference, ids: list[int], steps: int) -> list[int]:

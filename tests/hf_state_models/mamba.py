@@ -12,21 +12,19 @@ TINY = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=8, exp
 MODEL_TYPES = ("mamba", "falcon_mamba")
 
 
-def save_tiny(directory: str | Path, model_type: str = "mamba", seed: int = 0, **config_changes):
+def save_tiny(directory: str | Path, model_type: str = "mamba", **config_changes):
     """Write a tiny random `model_type` checkpoint and a tokenizer.json to `directory`; returns the transformers
     model (eval, float32). `config_changes` override the tiny config (any MambaConfig/FalconMambaConfig key)."""
     import transformers
 
     from tests.conftest import build_hf_tokenizer
 
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"model_type must be one of {MODEL_TYPES}, not {model_type!r}")
     directory = Path(directory)
     config_cls, model_cls = {
         "mamba": (transformers.MambaConfig, transformers.MambaForCausalLM),
         "falcon_mamba": (transformers.FalconMambaConfig, transformers.FalconMambaForCausalLM),
-    }[model_type]
-    torch.manual_seed(seed)
+    }[model_type]  # one of MODEL_TYPES
+    torch.manual_seed(0)
     model = model_cls(config_cls(**{**TINY, **config_changes})).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -21,7 +21,7 @@ from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.hf_state_models import (assert_engine_beams_match, assert_engine_greedy_matches, assert_load_refused,
-                                  full_logits)
+                                  full_logits, step_side_by_side, step_through)
 from tests.hf_state_models.mamba import MODEL_TYPES, V, save_tiny
 from tests.server.engine.graph_emulation import EmulatedGraphs, HostSyncGuard
 
@@ -59,17 +59,6 @@ def test_full_forward_matches_transformers(pair, scan, length):
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
 
 
-def run_chunks(model, state, slot: int, ids: list[int], sizes: list[int], start: int = 0) -> torch.Tensor:
-    """Feed `ids` through `step` in chunks of `sizes` (then one token at a time) from position `start`."""
-    outs, pos = [], 0
-    sizes = sizes + [1] * (len(ids) - sum(sizes))
-    for size in sizes:
-        batch = StepBatch.build([ids[pos : pos + size]], [start + pos], slots=[slot], logits="all")
-        outs.append(model.step(batch, state))
-        pos += size
-    return torch.cat(outs)
-
-
 CHUNKINGS = {"ones": [1] * 50, "threes": [3] * 16, "sevens": [7] * 7, "whole": [50], "mixed": [5, 1, 20, 7, 1, 3, 13]}
 
 
@@ -84,7 +73,7 @@ def test_chunked_prefill_then_decode_equals_full_forward(pair, scan, chunking):
     ids = tokens(60, seed=1)  # 50 prompt tokens in chunks, then 10 decode steps
     expected = full_logits(loaded.model, ids)
     state = loaded.model.new_state(4)
-    got = run_chunks(loaded.model, state, 2, ids, CHUNKINGS[chunking])
+    got = step_through(loaded.model, state, 2, ids, CHUNKINGS[chunking] + [1])
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
     assert not state["ssm"][[0, 1, 3]].any() and not state["conv"][[0, 1, 3]].any()  # other slots untouched
 
@@ -95,31 +84,19 @@ def test_mixed_batch_equals_each_sequence_alone(pair, scan):
     texts = [tokens(n, seed=10 + n) for n in (41, 23, 34, 9)]
     plans = [[17, 1, 1, 8, 1, 13], [1, 1, 1, 20], [5, 29], [9]]  # then one token a step
     slots = [3, 0, 5, 1]
-    state = loaded.model.new_state(6)
-    got = [[] for _ in texts]
-    done = [0] * len(texts)
-    step = 0
-    while any(d < len(t) for d, t in zip(done, texts)):
-        live = [i for i, t in enumerate(texts) if done[i] < len(t)]
-        sizes = [plans[i][step] if step < len(plans[i]) else 1 for i in live]
-        batch = StepBatch.build([texts[i][done[i] : done[i] + n] for i, n in zip(live, sizes)],
-                                [done[i] for i in live], slots=[slots[i] for i in live], logits="all")
-        rows = loaded.model.step(batch, state).split(sizes)
-        for i, n, out in zip(live, sizes, rows):
-            got[i].append(out)
-            done[i] += n
-        step += 1
-    for i, text in enumerate(texts):
-        torch.testing.assert_close(torch.cat(got[i]), full_logits(loaded.model, text), atol=ATOL, rtol=0)
+    got = step_side_by_side(loaded.model, loaded.model.new_state(6),
+                            {slot: (text, plan + [1]) for slot, text, plan in zip(slots, texts, plans)})
+    for slot, text in zip(slots, texts):
+        torch.testing.assert_close(got[slot], full_logits(loaded.model, text), atol=ATOL, rtol=0)
 
 
 def test_copied_slot_continues_like_a_fresh_prefill(pair, scan):
     _, loaded = pair
     prefix, left, right = tokens(19, seed=4), tokens(11, seed=5), tokens(6, seed=6)
     state = loaded.model.new_state(5)
-    run_chunks(loaded.model, state, 1, prefix, [19])
+    step_through(loaded.model, state, 1, prefix, [19])
     state.copy([1], [4])
-    continued = {slot: run_chunks(loaded.model, state, slot, text, [4], start=len(prefix))
+    continued = {slot: step_through(loaded.model, state, slot, text, [4, 1], start=len(prefix))
                  for slot, text in ((1, left), (4, right))}
     for slot, text in ((1, left), (4, right)):
         expected = full_logits(loaded.model, prefix + text)[len(prefix):]
@@ -169,7 +146,7 @@ def test_decode_step_has_no_host_sync(pair):
     step, once its batch is built."""
     _, loaded = pair
     state = loaded.model.new_state(3)
-    run_chunks(loaded.model, state, 0, tokens(9, seed=30), [9])
+    step_through(loaded.model, state, 0, tokens(9, seed=30), [9])
     batch = StepBatch.build([[7], [8]], [9, 0], slots=[0, 1])
     with HostSyncGuard():
         loaded.model.step(batch, state)

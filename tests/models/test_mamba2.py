@@ -19,7 +19,8 @@ from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.hf_state_models import (assert_engine_beams_match, assert_engine_greedy_matches, assert_load_refused,
-                                  edit_config, full_logits, greedy_by_forwards)
+                                  edit_config, full_logits, greedy_by_forwards, step_side_by_side,
+                                  step_through)
 from tests.hf_state_models.mamba2 import VOCAB, save_tiny
 from tests.server.engine.graph_emulation import EmulatedGraphs
 from tests.server.engine.helpers import run_to_completion
@@ -46,17 +47,6 @@ def tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def run_steps(model, state, slot: int, ids: list[int], sizes: list[int]) -> torch.Tensor:
-    """Feed `ids` to `slot` in steps of `sizes` tokens; the logits of every token."""
-    out, start = [], 0
-    for size in sizes:
-        batch = StepBatch.build([ids[start:start + size]], [start], slots=[slot], logits="all")
-        out.append(model.step(batch, state))
-        start += size
-    assert start == len(ids)
-    return torch.cat(out)
-
-
 def test_full_forward_matches_transformers(pair):
     reference, model = pair
     ids = torch.randint(0, VOCAB, (3, 29), generator=torch.Generator().manual_seed(1))
@@ -71,7 +61,7 @@ def test_a_prompt_in_steps_of_any_sizes_gives_the_full_forward(pair, sizes):
     _, model = pair
     ids = tokens(30, seed=2)
     state = model.new_state(3)
-    got = run_steps(model, state, 1, ids, sizes + [1] * (30 - sum(sizes)))  # then single-token decode steps
+    got = step_through(model, state, 1, ids, sizes + [1])  # then single-token decode steps
     torch.testing.assert_close(got, full_logits(model, ids), **TOL)
 
 
@@ -83,18 +73,9 @@ def test_sequences_prefilling_and_decoding_in_one_step_give_each_alone(pair):
     state = model.new_state(7)
     idle = torch.randn_like(state["ssm"][4]), torch.randn_like(state["conv"][4])
     state["ssm"][4], state["conv"][4] = idle
-    done, got = {slot: 0 for slot in plans}, {slot: [] for slot in plans}
-    for step in range(5):
-        seqs = [(slot, text[done[slot]:done[slot] + sizes[step]]) for slot, (text, sizes) in plans.items()
-                if sizes[step]]
-        batch = StepBatch.build([t for _, t in seqs], [done[s] for s, _ in seqs], slots=[s for s, _ in seqs],
-                                logits="all")
-        logits = model.step(batch, state)
-        for (slot, new), rows in zip(seqs, logits.split(batch.query_lens)):
-            got[slot].append(rows)
-            done[slot] += len(new)
+    got = step_side_by_side(model, state, plans)
     for slot, (text, _) in plans.items():
-        torch.testing.assert_close(torch.cat(got[slot]), full_logits(model, text), **TOL)
+        torch.testing.assert_close(got[slot], full_logits(model, text), **TOL)
     assert torch.equal(state["ssm"][4], idle[0]) and torch.equal(state["conv"][4], idle[1])  # untouched
 
 
@@ -102,7 +83,7 @@ def test_a_copied_state_continues_like_a_fresh_prefill(pair):
     _, model = pair
     prefix, left, right = tokens(11, 7), tokens(6, 8), tokens(4, 9)
     state = model.new_state(4)
-    run_steps(model, state, 0, prefix, [5, 6])
+    step_through(model, state, 0, prefix, [5, 6])
     state.copy([0], [3])
     batch = StepBatch.build([left, right], [11, 11], slots=[0, 3], logits="all")
     got_left, got_right = model.step(batch, state).split([6, 4])
@@ -114,8 +95,8 @@ def test_decode_steps_and_prefill_chunks_leave_the_same_state(pair):
     _, model = pair
     ids = tokens(21, 10)
     state = model.new_state(2)
-    run_steps(model, state, 0, ids, [21])
-    run_steps(model, state, 1, ids, [1] * 21)
+    step_through(model, state, 0, ids, [21])
+    step_through(model, state, 1, ids, [1])
     for name in ("conv", "ssm"):
         torch.testing.assert_close(state[name][0], state[name][1], **TOL)
 

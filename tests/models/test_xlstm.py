@@ -16,7 +16,7 @@ from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.hf_state_models import (assert_engine_beams_match, assert_engine_greedy_matches, assert_load_refused,
-                                  full_logits)
+                                  full_logits, step_side_by_side, step_through)
 from tests.hf_state_models.xlstm import V, save_tiny
 
 CHUNK = 16  # the tiny checkpoint's chunk_size: prompts below cross several chunkwise pieces
@@ -53,16 +53,6 @@ def run(model, state, slots: list[int], new: list[list[int]], starts: list[int])
     """One step of `new` tokens per slot; every row's logits, split per sequence."""
     batch = StepBatch.build(new, starts, slots=slots, logits="all")
     return list(model.step(batch, state).split(batch.query_lens))
-
-
-def chunked(model, state, slot: int, seq: list[int], sizes: list[int]) -> torch.Tensor:
-    """Feed `seq` to `slot` in chunks of `sizes` (the last repeated), one step each."""
-    out, pos, i = [], 0, 0
-    while pos < len(seq):
-        size = sizes[min(i, len(sizes) - 1)]
-        out += run(model, state, [slot], [seq[pos : pos + size]], [pos])
-        pos, i = pos + size, i + 1
-    return torch.cat(out)
 
 
 # ---- (1) full forward = transformers' --------------------------------------------------------------------------
@@ -127,7 +117,7 @@ def test_prompt_in_chunks_then_single_steps_equal_full_forward(model, sizes):
     seq = tokens(3 * CHUNK + 5, 5)
     prompt, rest = seq[:-6], seq[-6:]
     state = model.new_state(4)
-    got = [chunked(model, state, 2, prompt, sizes)]
+    got = [step_through(model, state, 2, prompt, sizes)]
     for i, token in enumerate(rest):
         got += run(model, state, [2], [[token]], [len(prompt) + i])
     close(torch.cat(got), full_logits(model, seq), model)
@@ -140,8 +130,8 @@ def state_tolerance(model) -> dict:
 def test_a_chunk_leaves_the_state_one_full_pass_leaves(model):
     seq = tokens(2 * CHUNK + 3, 6)
     one, many = model.new_state(1), model.new_state(1)
-    chunked(model, one, 0, seq, [1000])
-    chunked(model, many, 0, seq, [1])
+    step_through(model, one, 0, seq, [1000])
+    step_through(model, many, 0, seq, [1])
     for name, tensor in one.tensors.items():
         torch.testing.assert_close(tensor, many[name], **state_tolerance(model))
     assert one["C"].dtype == model.lm_head.weight.dtype and one["C"].abs().sum() > 0
@@ -156,15 +146,9 @@ def test_mixed_batch_of_prefills_and_decodes_equals_each_alone(model):
     chunk_of = [CHUNK + 5, 1, 7, 1, 3]  # per sequence: its tokens per step
     slots = [6, 0, 3, 5, 1]  # not in order, some slots left idle
     state = model.new_state(8)
-    done, got = [0] * len(seqs), [[] for _ in seqs]
-    while any(d < n for d, n in zip(done, lengths)):
-        live = [i for i in range(len(seqs)) if done[i] < lengths[i]]
-        new = [seqs[i][done[i] : done[i] + chunk_of[i]] for i in live]
-        for i, out in zip(live, run(model, state, [slots[i] for i in live], new, [done[i] for i in live])):
-            got[i].append(out)
-            done[i] += out.shape[0]
-    for i, seq in enumerate(seqs):
-        close(torch.cat(got[i]), full_logits(model, seq), model)
+    got = step_side_by_side(model, state, {slot: (seq, [n]) for slot, seq, n in zip(slots, seqs, chunk_of)})
+    for slot, seq in zip(slots, seqs):
+        close(got[slot], full_logits(model, seq), model)
     assert state["C"][[2, 4, 7]].abs().sum() == 0  # idle slots untouched
 
 
@@ -184,7 +168,7 @@ def test_padding_does_not_change_a_short_sequences_state(model):
 def test_copied_state_continues_like_a_fresh_prefill(model):
     prefix, tail_a, tail_b = tokens(CHUNK + 6, 30), tokens(9, 31), tokens(4, 32)
     state = model.new_state(4)
-    chunked(model, state, 0, prefix, [7])
+    step_through(model, state, 0, prefix, [7])
     state.copy([0], [3])  # fork: slot 3 continues from where slot 0 is
     a, b = run(model, state, [0, 3], [tail_a, tail_b], [len(prefix), len(prefix)])
     close(a, full_logits(model, prefix + tail_a)[len(prefix):], model)
