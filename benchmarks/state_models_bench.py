@@ -79,7 +79,8 @@ SHAPES = {
 }
 SMOKE_SHAPES = {
     "mamba": mamba_prefill.SHAPE_TINY,
-    "xlstm": dict(vocab_size=300, hidden_size=128, num_hidden_layers=2, num_heads=4, chunk_size=8),  # transformers' cache rounds q/k up to 64
+    # 128 wide: transformers' xLSTM cache rounds q/k widths up to 64
+    "xlstm": dict(vocab_size=300, hidden_size=128, num_hidden_layers=2, num_heads=4, chunk_size=8),
 }
 PARTS = ("throughput", "chat", "step")
 

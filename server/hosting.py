@@ -32,7 +32,8 @@ from .structured import GrammarCompiler
 log = logging.getLogger("quill.server")
 
 TOOL_USE_TEMPLATE = "tool_use"  # transformers renders chats given tools with the template of this name, if any
-RECURRENT_MAX_MODEL_LEN = 4096  # no attention window: bounded (--max-model-len raises it) so one request cannot run forever
+# No attention window: bounded (--max-model-len raises it) so that one request cannot run forever.
+RECURRENT_MAX_MODEL_LEN = 4096
 
 
 class LoadCancelled(Exception):
