@@ -179,21 +179,32 @@ class MambaBackbone(nn.Module):
         return F.linear(self.norm_f(residual).to(weight.dtype), weight).float()
 
 
-class MambaLanguageModel(SlotLanguageModel):
-    def __init__(self, config: MambaConfig):
+class MambaFamilyModel(SlotLanguageModel):
+    """Both Mamba generations' language model: the backbone over `mixers`, then the output layer `lm_head`, or
+    the embeddings where the config ties them. The config names vocab_size, norm_eps, residual_in_fp32 and
+    tie_embeddings alike in both."""
+
+    def __init__(self, config, width: int, mixers: list[nn.Module]):
         super().__init__()
         self.config = config
-        self.backbone = MambaBackbone(config.vocab_size, config.d_model, config.norm_eps,
-                                      [MambaMixer(config) for _ in range(config.n_layers)])
-        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.backbone = MambaBackbone(config.vocab_size, width, config.norm_eps, mixers)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(width, config.vocab_size, bias=False)
+
+    def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
+        return self.backbone.hidden(batch, state, self.config.residual_in_fp32)
+
+    def _logits(self, residual: torch.Tensor) -> torch.Tensor:
+        return self.backbone.logits(residual, self.lm_head)
+
+
+class MambaLanguageModel(MambaFamilyModel):
+    def __init__(self, config: MambaConfig):
+        super().__init__(config, config.d_model, [MambaMixer(config) for _ in range(config.n_layers)])
         # Positions per chunk of a prefill's scan; None: chosen for the device (mamba_scan.chunk_length).
         self.scan_chunk: int | None = None
 
     def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
         return self.backbone.hidden(batch, state, self.config.residual_in_fp32, chunk=self.scan_chunk)
-
-    def _logits(self, residual: torch.Tensor) -> torch.Tensor:
-        return self.backbone.logits(residual, self.lm_head)
 
     def new_state(self, num_slots: int, dtype: torch.dtype | None = None) -> SlotState:
         """Per slot and layer: `conv` (d_inner, d_conv - 1) in `dtype` (default: the weights'), `ssm`

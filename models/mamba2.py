@@ -27,8 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .batch import StepBatch, run_by_parts
-from .mamba import MambaBackbone
-from .slot_model import SlotLanguageModel
+from .mamba import MambaFamilyModel
 from .ssd import ssd_chunked, ssd_step
 from .state import SlotState
 from .transformer import rms_normalise
@@ -173,19 +172,9 @@ class Mamba2Mixer(nn.Module):
         return part.unpad((y + self.D.float()[:, None] * x).flatten(-2))  # (T, d_inner)
 
 
-class Mamba2LanguageModel(SlotLanguageModel):
+class Mamba2LanguageModel(MambaFamilyModel):
     def __init__(self, config: Mamba2Config):
-        super().__init__()
-        self.config = config
-        self.backbone = MambaBackbone(config.vocab_size, config.hidden_size, config.norm_eps,
-                                      [Mamba2Mixer(config) for _ in range(config.num_layers)])
-        self.lm_head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-
-    def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
-        return self.backbone.hidden(batch, state, self.config.residual_in_fp32)
-
-    def _logits(self, residual: torch.Tensor) -> torch.Tensor:
-        return self.backbone.logits(residual, self.lm_head)
+        super().__init__(config, config.hidden_size, [Mamba2Mixer(config) for _ in range(config.num_layers)])
 
     def new_state(self, num_slots: int, dtype: torch.dtype | None = None) -> SlotState:
         """Per slot: "conv" (layers, d_conv - 1, conv_dim) in `dtype` (default: the weights'), "ssm" (layers,
