@@ -14,7 +14,6 @@ shared machine hurts both alike; the figures are the medians.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import statistics
@@ -28,6 +27,7 @@ from models.checkpoint import load_checkpoint
 
 from . import quill_runs
 from .hardware import describe_machine, load_average
+from .timing import write_json
 from .tokenized import TokenizedRequest
 
 AWD_VOCAB, AWD_EMBED, AWD_HIDDEN = 60_000, 400, 1152  # fastai's WT103 model: layers of 1152, 1152, 400
@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{results['machine'].get('cpu', '?')}: {results['median_at_once']:.0f} tokens/s with {args.requests} at "
           f"once, {results['median_one_at_a_time']:.1f} tokens/s one at a time "
           f"(medians of {args.repeats}): {results['ratio_of_medians']:.1f}x")
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.out, results)
     return results
 
 

@@ -12,7 +12,6 @@ See benchmarks/README.md for what each figure means.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, replace
@@ -24,6 +23,7 @@ from . import report
 from .hardware import describe_machine, load_average, matmul_flops, read_bandwidth
 from .parts import PARTS, BenchContext
 from .settings import FULL, PRESETS, VOCAB_32K, BenchSettings
+from .timing import write_json
 
 
 def run(settings: BenchSettings, parts: list[str], log=print) -> dict:
@@ -79,8 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = run(settings, parts, log)
     print(report.render(results))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.out, results)
         log(f"wrote {args.out}")
     return results
 

@@ -32,6 +32,7 @@ from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 
 from .hardware import describe_machine, load_average
+from .timing import write_json
 
 WIKITEXT103_LAYERS = ("[(850, 6)] * 3 + [(850, 1)] + [(850, 5)] * 4 + [(850, 1)] + [(850, 4)] * 3"
                       " + [(1024, 4)] + [(2048, 4)]")
@@ -181,8 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
         machine = results["machine"]
         print(f"{results['concurrent_median']:.1f} tok/s at 64 concurrent, {results['sequential_median']:.1f} tok/s "
               f"one at a time: x{results['ratio']:.1f} on {machine['cpu']} ({machine['cores']} cores)")
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.out, results)
     return results
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from .hardware import describe_machine, load_average
 from .hf_models import hf_model_for, max_logit_difference, pad_token_id
 from .server_process import free_port, running_server, serve_command
 from .settings import HTTP_FULL, HTTP_PRESETS, HttpBenchSettings
+from .timing import write_json
 from .tokenized import TokenizedRequest, spread_subset, tokenize
 
 
@@ -204,8 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = run(settings_from(args), args.model, args.device, args.dtype, args.threads, log, args.progress)
     print(side_by_side.render(results))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.out, results)
         log(f"wrote {args.out}")
     return results
 

@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     results = run(args)
-    if args.out:
-        write_json(args.out, results)
+    write_json(args.out, results)
     return results
 
 

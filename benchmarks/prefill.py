@@ -77,6 +77,5 @@ def compare(args: argparse.Namespace, shape: dict, reference, ours, set_chunk, c
         print(line)
     results["load_average_after"] = load_average()
     print(json.dumps({"load_average_after": results["load_average_after"]}))
-    if args.out:
-        write_json(args.out, results)
+    write_json(args.out, results)
     return results

@@ -179,8 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     results = run(s, modes, args.rounds, args.vocab, server_args, log)
     print(render(results))
-    if args.out:
-        write_json(args.out, results)
+    write_json(args.out, results)
     return results
 
 

@@ -406,8 +406,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     results = run(args)
     print(summary(results))
-    if args.out:
-        write_json(args.out, results)
+    write_json(args.out, results)
     return results
 
 

@@ -75,7 +75,10 @@ def interleaved_times(contenders: dict, repeats: int, device: torch.device = tor
     return times
 
 
-def write_json(path: Path, results: dict) -> None:
-    """The results as indented JSON at `path`, its folder made if missing."""
+def write_json(path: Path | None, results: dict) -> None:
+    """The results as indented JSON at `path`, its folder made if missing (None, as when --out is not given:
+    nowhere)."""
+    if path is None:
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")

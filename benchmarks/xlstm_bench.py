@@ -112,8 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
     results["state_bytes_per_sequence"] = state.bytes_per_slot
     results["load_average_end"] = load_average()
     print(json.dumps(results, indent=2))
-    if args.out:
-        write_json(args.out, results)
+    write_json(args.out, results)
     return results
 
 
