@@ -54,7 +54,8 @@ def state_size(raw: dict, dtype: torch.dtype, block_size: int = 16) -> dict:
         parameters = sum(p.numel() for p in model.parameters())
         kv, slots = state_parts(new_model_state(model, 1, 1, block_size))
         fixed, per_token = slots.bytes_per_slot, 0 if kv is None else kv.bytes_per_token
-    return {"family": raw["model_type"], "parameters": parameters, "state_bytes": fixed, "kv_bytes_per_token": per_token}
+    return {"family": raw["model_type"], "parameters": parameters, "state_bytes": fixed,
+            "kv_bytes_per_token": per_token}
 
 
 def _bytes(n: int) -> str:
@@ -62,7 +63,8 @@ def _bytes(n: int) -> str:
 
 
 def markdown(dtype: torch.dtype) -> str:
-    lines = ["| checkpoint | family | parameters | state per sequence | K,V per token |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| checkpoint | family | parameters | state per sequence | K,V per token |",
+             "| --- | --- | --- | --- | --- |"]
     for hub_id, raw in CHECKPOINTS.items():
         size = state_size(raw, dtype)
         kv = _bytes(size["kv_bytes_per_token"]) if size["kv_bytes_per_token"] else "none"

@@ -1,13 +1,13 @@
 """Where every live sequence's cache lives, kept on the device between steps: one row per sequence.
 
 A row holds the sequence's block ids (paged K,V), or its state slot in a table of one column (LSTM,
-gated CNN, state-space models), or both: the slot, then the blocks (hybrids, state_kinds.py). The runner changes a row only where the cache manager changed that sequence's table
-(table_edits.py): a step applies its few edits with one host-to-device copy, then gathers its
-sequences' rows on the device, in the step's order. Re-packing every table from Python lists instead
-took half the host time of a decode step of 256 sequences with 2,048-token contexts (33,000 block ids;
-3.05 ms a step against 1.50 ms, benchmarks/host_overhead.py on a 2-core AMD EPYC), growing with context
-length; the edits of a decode step are the sequences crossing into a new block (about one in
-block_size) and nothing else.
+gated CNN, state-space models), or both: the slot, then the blocks (hybrids, state_kinds.py). The runner
+changes a row only where the cache manager changed that sequence's table (table_edits.py): a step
+applies its few edits with one host-to-device copy, then gathers its sequences' rows on the device, in
+the step's order. Re-packing every table from Python lists instead took half the host time of a decode
+step of 256 sequences with 2,048-token contexts (33,000 block ids; 3.05 ms a step against 1.50 ms,
+benchmarks/host_overhead.py on a 2-core AMD EPYC), growing with context length; the edits of a decode
+step are the sequences crossing into a new block (about one in block_size) and nothing else.
 
 A row's columns past its sequence's own blocks keep whatever ids an earlier occupant left there: valid
 blocks, and harmless (the Triton kernel reads a sequence's keys up to its length only; SDPA masks them).

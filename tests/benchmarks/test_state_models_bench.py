@@ -29,7 +29,8 @@ def test_smoke_run_measures_every_contender_both_chats_and_a_decode_step(tmp_pat
         c = shape["chat"]
         on, off = c["runs"]["prefix_caching_on"][0], c["runs"]["prefix_caching_off"][0]
         # the second turn resumes from the first's state (its prompt, its answer but the last token) only when on
-        assert on["prefix_hit_tokens"] == c["conversation"]["first_prompt_tokens"] + c["conversation"]["answer_tokens"] - 1
+        turn = c["conversation"]
+        assert on["prefix_hit_tokens"] == turn["first_prompt_tokens"] + turn["answer_tokens"] - 1
         assert off["prefix_hit_tokens"] == 0
         assert c["conversation"]["second_prompt_tokens"] == 40 + 4 + 6
         assert c["first_token_speedup"] > 0
