@@ -1,7 +1,8 @@
-"""A continuous-batching step that mixes one prefill chunk with many decodes, for each slot-state architecture:
-the step as Quill runs it (decode rows apart from the chunk, `models.batch.split_decodes`) against the same step
-run as one part padded to the chunk's length (how the gated CNN, fconv and Mamba-2 ran it before), interleaved in
-one run. Both give the same logits; the ratio is what padding the decode rows cost.
+"""A continuous-batching step that mixes one prefill chunk with many decodes, for each architecture with a slot
+state (LFM2's conv layers beside its attention included): the step as Quill runs it (decode rows apart from the
+chunk, `models.batch.split_decodes`) against the same step run as one part padded to the chunk's length (how the
+gated CNN, fconv, Mamba-2 and LFM2 ran it before), interleaved in one run. Both give the same logits; the ratio is
+what padding the decode rows cost.
 
     python -m benchmarks.mixed_step [--chunk 256] [--decodes 31] [--repeats 5] [--threads 2] [--out FILE]
 """
@@ -17,15 +18,18 @@ import torch
 
 import models.fconv
 import models.gcnn
+import models.lfm2
 import models.mamba
 import models.xlstm
 from models.batch import StepBatch
 from models.registry import ARCHITECTURES
+from models.state import new_model_state
 
 from .hardware import describe_machine, load_average
 from .timing import interleaved_times, write_json
 
 VOCAB = 8000
+BLOCK_SIZE = 16  # LFM2's attention layers' K,V blocks
 # Small shapes of each family, so that all of them run in about a minute on 2 CPU cores; each module whose step
 # splits its parts (patched for the padded contender).
 SHAPES = {
@@ -34,6 +38,7 @@ SHAPES = {
     "mamba": (dict(d_model=256, n_layers=4, d_inner=512, dt_rank=16), models.mamba),
     "mamba2": (dict(hidden_size=256, num_layers=4, num_heads=8, head_dim=64, state_size=64), models.mamba),
     "xlstm": (dict(d_model=256, n_blocks=4, n_heads=4, chunk_size=64), models.xlstm),
+    "lfm2": (dict(d_model=256, layer_types=["conv", "conv", "full_attention", "conv"], d_ff=768), models.lfm2),
 }
 
 
@@ -47,11 +52,22 @@ def padded_step(model, module, batch: StepBatch, state) -> torch.Tensor:
 
 
 def mixed_batch(chunk: int, decodes: int) -> StepBatch:
-    """Sequence 0 prefills `chunk` tokens after 100 computed ones; sequences 1.. decode one token each."""
+    """Sequence 0 prefills `chunk` tokens after 100 computed ones; sequences 1.. decode one token each. Each has a
+    slot and blocks of its own (a model without K,V reads only the slots)."""
     generator = torch.Generator().manual_seed(0)
     tokens = [torch.randint(0, VOCAB, (chunk,), generator=generator).tolist()]
     tokens += [[int(t)] for t in torch.randint(0, VOCAB, (decodes,), generator=generator)]
-    return StepBatch.build(tokens, [100] * (1 + decodes), slots=list(range(1 + decodes)))
+    tables, used = [], 0
+    for new in tokens:
+        count = -(-(100 + len(new)) // BLOCK_SIZE)
+        tables.append(list(range(used, used + count)))
+        used += count
+    return StepBatch.build(tokens, [100] * len(tokens), slots=list(range(len(tokens))), block_tables=tables)
+
+
+def new_state(model, batch: StepBatch):
+    """Room for the batch's slots and blocks, of whichever kinds the model holds."""
+    return new_model_state(model, int(batch.block_tables.max()) + 1, batch.num_seqs, BLOCK_SIZE)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -62,10 +78,9 @@ def run(args: argparse.Namespace) -> dict:
         config_cls, model_cls = ARCHITECTURES[name]
         torch.manual_seed(0)
         model = model_cls(config_cls(vocab_size=VOCAB, **shape)).eval()
-        seqs = 1 + args.decodes
-        want = model.step(batch, model.new_state(seqs))
-        difference = (padded_step(model, module, batch, model.new_state(seqs)) - want).abs().max().item()
-        state = model.new_state(seqs)  # stepped again and again: its values do not change the work
+        want = model.step(batch, new_state(model, batch))
+        difference = (padded_step(model, module, batch, new_state(model, batch)) - want).abs().max().item()
+        state = new_state(model, batch)  # stepped again and again: its values do not change the work
         times = interleaved_times({"split": lambda: model.step(batch, state),
                                    "padded": lambda: padded_step(model, module, batch, state)}, args.repeats)
         split_s, padded_s = (statistics.median(times[k]["wall"]) for k in ("split", "padded"))

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import PagedAttentionBackend, select_attention_backend
-from .batch import StepBatch
+from .batch import StepBatch, run_by_parts, split_decodes
 from .kernels import TORCH_OPS, LayerOps
 from .state import HybridState, PagedKVCache, SlotState
 from .transformer import ROPE_SCALING_TYPES, RMSNorm, rope_scaling_type, rope_tables
@@ -165,12 +165,21 @@ class ShortConv(nn.Module):
         inputs, gate = self.gated_inputs(h)
         return self.out_proj(gate * self.convolve(F.pad(inputs, (0, 0, self.window, 0))))
 
-    def step(self, h: torch.Tensor, window: torch.Tensor, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """h (T, D) packed new tokens, window (B, K - 1, D) each sequence's last inputs -> (T, D) outputs and
-        the new windows: each sequence's last K - 1 real inputs, never its padding."""
+    def step(self, h: torch.Tensor, parts, windows: torch.Tensor, layer: int) -> torch.Tensor:
+        """h (T, D) packed new tokens -> (T, D). `parts`: the step's sequences as `split_decodes` groups them;
+        `windows`: the state's conv windows (slots, n_conv, K - 1, D), this conv `layer`'s read for each part's
+        slots and written back as their last K - 1 real inputs, never padding. The projections run on the packed
+        tokens and only the convolution on a part's sequences side by side, padded to its longest: a decode row
+        never pays for a prefill chunk's padding."""
         inputs, gate = self.gated_inputs(h)
-        seq = torch.cat([window.to(inputs.dtype), batch.pad(inputs)], dim=1)  # (B, K - 1 + Q, D)
-        return self.out_proj(gate * batch.unpad(self.convolve(seq))), batch.last_inputs(seq, self.window)
+        (out,) = run_by_parts(parts, lambda part, inputs: (self._convolve_part(inputs, part, windows, layer),), inputs)
+        return self.out_proj(gate * out)
+
+    def _convolve_part(self, inputs: torch.Tensor, part: StepBatch, windows: torch.Tensor, layer: int):
+        where = (part.slots, layer)
+        seq = torch.cat([windows[where].to(inputs.dtype), part.pad(inputs)], dim=1)  # (B, K - 1 + Q, D)
+        windows[where] = part.last_inputs(seq, self.window).to(windows.dtype)
+        return part.unpad(self.convolve(seq))
 
 
 class Attention(nn.Module):
@@ -299,22 +308,18 @@ class Lfm2LanguageModel(nn.Module):
         """Run each sequence's new tokens from its conv slot and its cached K,V; update both in place."""
         ops, kv = self.layer_ops, state.kv
         attention = kv.attention.build(batch, kv.block_size)  # once per step, shared by the attention layers
-        windows = state.slots["conv"][batch.slots]  # (B, n_conv, K - 1, D)
-        new_windows = []
+        parts = split_decodes(batch)  # and the conv layers' parts
         x = self.model.embed_tokens(batch.token_ids)  # (T, D)
         rope = rope_tables(self.config, batch.positions, x.dtype)
         for layer in self.model.layers:
             h = ops.norm(x, layer.operator_norm)
             if layer.is_conv:
-                h, window = layer.conv.step(h, windows[:, layer.state_index], batch)
-                new_windows.append(window)
+                h = layer.conv.step(h, parts, state.slots["conv"], layer.state_index)
             else:
                 i = layer.state_index
                 h = layer.self_attn.step(h, rope, kv.k[i], kv.v[i], attention, ops)
             h, x = ops.add_norm(h, x, layer.ffn_norm)  # x = x + h, h = ffn_norm(x)
             x = x + layer.feed_forward(h)
-        if new_windows:
-            state.slots["conv"][batch.slots] = torch.stack(new_windows, dim=1).to(windows.dtype)
         if batch.logits_indices is not None:
             x = x[batch.logits_indices]
         return self._logits(x, ops)
