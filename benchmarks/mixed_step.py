@@ -4,7 +4,8 @@ chunk, `models.batch.split_decodes`) against the same step run as one part padde
 gated CNN, fconv, Mamba-2 and LFM2 ran it before), interleaved in one run. Both give the same logits; the ratio is
 what padding the decode rows cost.
 
-    python -m benchmarks.mixed_step [--chunk 256] [--decodes 31] [--repeats 5] [--threads 2] [--out FILE]
+    python -m benchmarks.mixed_step [--chunk 256] [--decodes 31] [--repeats 5] [--threads 2] [--models ...]
+                                    [--out FILE]
 """
 
 from __future__ import annotations
@@ -30,16 +31,22 @@ from .timing import interleaved_times, write_json
 
 VOCAB = 8000
 BLOCK_SIZE = 16  # LFM2's attention layers' K,V blocks
-# Small shapes of each family, so that all of them run in about a minute on 2 CPU cores; each module whose step
-# splits its parts (patched for the padded contender).
+# name -> (architecture, its config, the module whose step splits its parts: patched for the padded contender).
+# Small shapes of each family by default, so that all of them run in about a minute on 2 CPU cores.
 SHAPES = {
-    "gcnn": (dict(d_embed=256, d_model=256, n_blocks=4, layers_per_block=2, kernel_size=4), models.gcnn),
-    "fconv": (dict(embed_dim=256, layers=[[256, 4, 1]] * 6, out_embed_dim=256), models.fconv),
-    "mamba": (dict(d_model=256, n_layers=4, d_inner=512, dt_rank=16), models.mamba),
-    "mamba2": (dict(hidden_size=256, num_layers=4, num_heads=8, head_dim=64, state_size=64), models.mamba),
-    "xlstm": (dict(d_model=256, n_blocks=4, n_heads=4, chunk_size=64), models.xlstm),
-    "lfm2": (dict(d_model=256, layer_types=["conv", "conv", "full_attention", "conv"], d_ff=768), models.lfm2),
+    "gcnn": ("gcnn", dict(d_embed=256, d_model=256, n_blocks=4, layers_per_block=2, kernel_size=4), models.gcnn),
+    "fconv": ("fconv", dict(embed_dim=256, layers=[[256, 4, 1]] * 6, out_embed_dim=256), models.fconv),
+    "mamba": ("mamba", dict(d_model=256, n_layers=4, d_inner=512, dt_rank=16), models.mamba),
+    "mamba2": ("mamba2", dict(hidden_size=256, num_layers=4, num_heads=8, head_dim=64, state_size=64),
+               models.mamba),
+    "xlstm": ("xlstm", dict(d_model=256, n_blocks=4, n_heads=4, chunk_size=64), models.xlstm),
+    "lfm2": ("lfm2", dict(d_model=256, layer_types=["conv", "conv", "full_attention", "conv"], d_ff=768),
+             models.lfm2),
 }
+DEFAULT_MODELS = list(SHAPES)
+# On request only (--models): LFM2-350M's width and feed-forward, 4 conv and 2 attention layers.
+SHAPES["lfm2_1024"] = ("lfm2", dict(d_model=1024, layer_types=["conv", "conv", "full_attention"] * 2, n_heads=16,
+                                    n_kv_heads=8, d_ff=4608), models.lfm2)
 
 
 def padded_step(model, module, batch: StepBatch, state) -> torch.Tensor:
@@ -74,8 +81,9 @@ def run(args: argparse.Namespace) -> dict:
     results = {"machine": describe_machine(), "load_average": load_average(), "chunk": args.chunk,
                "decodes": args.decodes, "repeats": args.repeats, "threads": torch.get_num_threads(), "models": {}}
     batch = mixed_batch(args.chunk, args.decodes)
-    for name, (shape, module) in SHAPES.items():
-        config_cls, model_cls = ARCHITECTURES[name]
+    for name in args.models:
+        architecture, shape, module = SHAPES[name]
+        config_cls, model_cls = ARCHITECTURES[architecture]
         torch.manual_seed(0)
         model = model_cls(config_cls(vocab_size=VOCAB, **shape)).eval()
         want = model.step(batch, new_state(model, batch))
@@ -97,6 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--chunk", type=int, default=256, help="the prefill chunk's tokens")
     parser.add_argument("--decodes", type=int, default=31, help="sequences decoding one token each")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--models", nargs="+", choices=list(SHAPES), default=DEFAULT_MODELS)
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, help="also write the results here, as JSON")
     args = parser.parse_args(argv)
