@@ -154,16 +154,15 @@ def split_decodes(batch: StepBatch) -> list[tuple[StepBatch, torch.Tensor | None
     return parts
 
 
-def run_by_parts(parts: list[tuple[StepBatch, torch.Tensor | None]], run, *packed: torch.Tensor) -> tuple:
-    """`run(part, *its rows of packed)` for each of `split_decodes`' parts; its results (a tuple of tensors with a row
-    per token of the part) joined back in the step's packed order."""
+def run_by_parts(parts: list[tuple[StepBatch, torch.Tensor | None]], run, *packed: torch.Tensor) -> torch.Tensor:
+    """`run(part, *its rows of packed)` for each of `split_decodes`' parts; its result (a row per token of the part)
+    joined back in the step's packed order."""
     if len(parts) == 1:
         return run(parts[0][0], *packed)
     joined = None
     for part, tokens in parts:
-        results = run(part, *(t[tokens] for t in packed))
+        result = run(part, *(t[tokens] for t in packed))
         if joined is None:
-            joined = tuple(r.new_empty((packed[0].shape[0], *r.shape[1:])) for r in results)
-        for out, result in zip(joined, results):
-            out[tokens] = result
+            joined = result.new_empty((packed[0].shape[0], *result.shape[1:]))
+        joined[tokens] = result
     return joined

@@ -134,8 +134,7 @@ class GCNNLanguageModel(nn.Module):
     def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
         """Run the new tokens of each sequence after its window; slide the windows in place. Decode rows run apart
         from prefill chunks (split_decodes), so that they are not padded to a chunk's length."""
-        (h,) = run_by_parts(split_decodes(batch), lambda part, tokens: (self._part(part, tokens, state),),
-                            batch.token_ids)
+        h = run_by_parts(split_decodes(batch), lambda part, tokens: self._part(part, tokens, state), batch.token_ids)
         if batch.logits_indices is not None:
             h = h[batch.logits_indices]
         return self._logits(h)

@@ -172,7 +172,7 @@ class ShortConv(nn.Module):
         tokens and only the convolution on a part's sequences side by side, padded to its longest: a decode row
         never pays for a prefill chunk's padding."""
         inputs, gate = self.gated_inputs(h)
-        (out,) = run_by_parts(parts, lambda part, inputs: (self._convolve_part(inputs, part, windows, layer),), inputs)
+        out = run_by_parts(parts, lambda part, inputs: self._convolve_part(inputs, part, windows, layer), inputs)
         return self.out_proj(gate * out)
 
     def _convolve_part(self, inputs: torch.Tensor, part: StepBatch, windows: torch.Tensor, layer: int):

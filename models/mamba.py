@@ -113,13 +113,12 @@ class MambaMixer(nn.Module):
         side (a prefill part padded to its longest chunk), so neither padding nor a prefill beside them makes
         decode rows cost more."""
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (T, d_inner) each
-        u, y = run_by_parts(parts, lambda part, u: self._part(u, part, state, layer, chunk), u)
-        y = (y + u.float() * self.D.float()) * F.silu(z)
-        return self.out_proj(y.to(x.dtype))
+        y = run_by_parts(parts, lambda part, u: self._part(u, part, state, layer, chunk), u)
+        return self.out_proj((y * F.silu(z)).to(x.dtype))
 
     def _part(self, u: torch.Tensor, part: StepBatch, state: SlotState, layer: int, chunk: int | None):
-        """u (T, d_inner) a part's packed in_proj outputs -> the convolution's outputs (T, d_inner) and the scan's
-        y (T, d_inner) float32; the part's slots of this layer updated in place."""
+        """u (T, d_inner) a part's packed in_proj outputs -> the scan's y plus the skip D u of the convolution's
+        outputs u, (T, d_inner) float32, before the gate; the part's slots of this layer updated in place."""
         c = self.config
         where = (part.slots, layer)
         window, ssm = state["conv"][where], state["ssm"][where]  # (R, d_inner, d_conv - 1), (R, d_inner, d_state)
@@ -140,7 +139,7 @@ class MambaMixer(nn.Module):
             y, ssm = selective_scan(part.pad(u32), part.pad(dt), A, part.pad(B), part.pad(C), ssm, chunk)
             y = part.unpad(y)
         state["ssm"][where] = ssm
-        return u, y
+        return y + u32 * self.D.float()
 
 
 class MambaBlock(nn.Module):

@@ -146,7 +146,7 @@ class Mamba2Mixer(nn.Module):
         padding."""
         c = self.config
         z, xbc, dt = self.in_proj(h).split([c.intermediate_size, c.conv_dim, c.num_heads], dim=-1)
-        (y,) = run_by_parts(parts, lambda part, xbc, dt: (self._part(xbc, dt, part, state, layer),), xbc, dt)
+        y = run_by_parts(parts, lambda part, xbc, dt: self._part(xbc, dt, part, state, layer), xbc, dt)
         return self.out_proj(self.norm(y, z).to(h.dtype))
 
     def _part(self, xbc: torch.Tensor, dt: torch.Tensor, part: StepBatch, state: SlotState, layer: int):
@@ -155,7 +155,7 @@ class Mamba2Mixer(nn.Module):
         c = self.config
         where = (part.slots, layer)
         full = torch.cat([state["conv"][where].to(xbc.dtype), part.pad(xbc)], dim=1)  # (B, d_conv - 1 + Q, conv_dim)
-        state["conv"][where] = part.last_inputs(full, c.conv_kernel - 1)
+        state["conv"][where] = part.last_inputs(full, c.conv_kernel - 1).to(state["conv"].dtype)
         xbc = F.silu(self.conv1d(full.transpose(1, 2)).transpose(1, 2))  # (B, Q, conv_dim)
         x, B, C = xbc.float().split([c.intermediate_size, c.n_groups * c.state_size, c.n_groups * c.state_size], -1)
         x = x.unflatten(-1, (c.num_heads, c.head_dim))

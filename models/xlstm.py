@@ -139,7 +139,7 @@ class MLSTMLayer(nn.Module):
         """(T, D) packed tokens -> (T, D); each sequence's state of this `block` read from its slot and written
         back. `parts`: `split_decodes` of the step."""
         q, k, v, o, i, f = self._project(x)
-        (h,) = run_by_parts(parts, lambda part, *qkvif: (self._cell(*qkvif, state, block, part),), q, k, v, i, f)
+        h = run_by_parts(parts, lambda part, *qkvif: self._cell(*qkvif, state, block, part), q, k, v, i, f)
         h = self.multihead_norm(h)  # (T, v_dim) in the model's dtype
         return self.out_proj(torch.sigmoid(o) * h)
 

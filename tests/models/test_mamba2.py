@@ -91,6 +91,16 @@ def test_a_copied_state_continues_like_a_fresh_prefill(pair):
     torch.testing.assert_close(got_right, full_logits(model, prefix + right)[11:], **TOL)
 
 
+def test_a_bfloat16_conv_window_beside_float32_weights_keeps_its_dtype(pair):
+    """new_state's dtype is the conv window's, whatever the weights': each step writes the window back in it."""
+    _, model = pair
+    ids = tokens(14, seed=11)
+    state = model.new_state(1, dtype=torch.bfloat16)
+    got = step_through(model, state, 0, ids, [8, 1])
+    assert state["conv"].dtype == torch.bfloat16 and state["ssm"].dtype == torch.float32
+    torch.testing.assert_close(got, full_logits(model, ids), atol=0.02, rtol=0)  # the window's rounding only
+
+
 def test_decode_steps_and_prefill_chunks_leave_the_same_state(pair):
     _, model = pair
     ids = tokens(21, 10)
