@@ -74,17 +74,25 @@ class StepBatch:
     @cached_property
     def last_indices(self) -> torch.Tensor:
         """(B,) index of each sequence's last new token in the packed batch."""
-        lens = to_device(self.query_lens, self.token_ids.device, torch.long)
-        return self.seq_starts + lens - 1
+        return self.seq_starts + self.lens - 1
+
+    @cached_property
+    def lens(self) -> torch.Tensor:
+        """(B,) query_lens on the device, copied once for every layer that reads them."""
+        return to_device(self.query_lens, self.token_ids.device, torch.long)
+
+    @cached_property
+    def is_padded(self) -> bool:
+        """Whether `pad` adds padding: some sequence brings fewer tokens than the longest."""
+        return min(self.query_lens) < self.max_query_len
 
     def last_inputs(self, inputs: torch.Tensor, keep: int, dim: int = 1) -> torch.Tensor:
         """`inputs` (B, ...) holding along `dim` each sequence's `keep` earlier inputs then its new ones, right-padded
         to max_query_len -> each sequence's last `keep` real inputs (a convolution's window for its next step).
         Sequence b's real inputs end at keep + query_lens[b], so its window starts at query_lens[b]."""
-        if min(self.query_lens) == self.max_query_len:  # no padding: the last `keep` of every row
+        if not self.is_padded:  # the last `keep` of every row
             return inputs.narrow(dim, inputs.shape[dim] - keep, keep)
-        starts = to_device(self.query_lens, inputs.device, torch.long)
-        index = starts[:, None] + torch.arange(keep, device=inputs.device)  # (B, keep)
+        index = self.lens[:, None] + torch.arange(keep, device=inputs.device)  # (B, keep)
         shape = [1] * inputs.dim()
         shape[0], shape[dim] = self.num_seqs, keep
         size = list(inputs.shape)
@@ -144,10 +152,14 @@ def split_decodes(batch: StepBatch) -> list[tuple[StepBatch, torch.Tensor | None
     if batch.max_query_len == 1 or min(lengths) > 1:
         return [(batch, None)]
     starts = list(accumulate(lengths, initial=0))
+    decodes = [s for s, n in enumerate(lengths) if n == 1]
+    chunks = [s for s, n in enumerate(lengths) if n > 1]
     device = batch.token_ids.device
     parts = []
-    for seqs in ([s for s, n in enumerate(lengths) if n == 1], [s for s, n in enumerate(lengths) if n > 1]):
-        tokens = to_device([t for s in seqs for t in range(starts[s], starts[s + 1])], device, torch.long)
+    # each part's token indices built a sequence at a time, not a token at a time: a chunk is thousands of tokens
+    for seqs, tokens in ((decodes, torch.tensor([starts[s] for s in decodes])),
+                         (chunks, torch.cat([torch.arange(starts[s], starts[s + 1]) for s in chunks]))):
+        tokens = tokens.to(device, non_blocking=True)
         part = StepBatch(token_ids=batch.token_ids[tokens], positions=batch.positions[tokens],
                          query_lens=[lengths[s] for s in seqs], slots=batch.slots[to_device(seqs, device, torch.long)])
         parts.append((part, tokens))
