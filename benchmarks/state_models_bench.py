@@ -65,7 +65,7 @@ from . import hf_runs, mamba_prefill, quill_runs
 from .checkpoints import save_random_model
 from .hardware import describe_machine, load_average
 from .timing import interleaved_times, write_json
-from .tokenized import TokenizedRequest, num_generated, spread, spread_subset, tokenize
+from .tokenized import TokenizedRequest, num_generated, num_prompt_tokens, spread, spread_subset, tokenize
 
 # The tokenizer's end-of-text, which save_random_model makes pad, BOS and EOS: never in a prompt (prompts are ids 1
 # and up), never a stop (EOS ignored).
@@ -204,7 +204,7 @@ def throughput(s: Settings, reference, loaded: LoadedModel, log) -> dict:
                      "static_batches_timed": {b: min(s.max_static_batches, -(-len(requests) // b))
                                               for b in s.batch_sizes},
                      "output_tokens": num_generated(requests),
-                     "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
+                     "prompt_tokens": num_prompt_tokens(requests),
                      "serial_requests": [r.request_id for r in serial_subset], "seed": s.seed},
         "runs": runs, "median_tokens_per_s": medians, "ratios": ratios,
         "greedy_check": greedy_check(serial_subset, quill_tokens, hf_tokens),

@@ -15,6 +15,13 @@ from server.engine.core import EngineCore
 from server.sampling import SamplingParams
 from tests.server.engine.helpers import run_to_completion
 
+VOCAB = 300  # every tiny checkpoint's vocabulary
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    """`n` random token ids of the tiny vocabulary, the same for the same seed."""
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
 
 def full_logits(model, ids: list[int]) -> torch.Tensor:
     """(len(ids), V) Quill's model's logits of one whole sequence, from an empty state."""

@@ -8,8 +8,8 @@ import torch
 import transformers
 
 from tests.conftest import build_hf_tokenizer
+from tests.hf_state_models import VOCAB as V
 
-V = 300
 
 # Conv layers around the attention ones as in the released models (LFM2-350M: attention at 2, 5, 8, 10, 12, 14),
 # grouped-query heads, and an intermediate size that LFM2's 2/3-then-round-up rule changes (96 -> 64). Weights

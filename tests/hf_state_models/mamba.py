@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-V = 300
+from tests.hf_state_models import VOCAB as V
+
 TINY = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4,
             eos_token_id=5, bos_token_id=5, pad_token_id=5)
 MODEL_TYPES = ("mamba", "falcon_mamba")

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from tests.conftest import build_hf_tokenizer
+from tests.hf_state_models import VOCAB
 
-VOCAB = 300
 
 # Two groups of two heads each, a state of 8 and a short scan chunk, so that the grouped B/C, the grouped norm
 # and transformers' own multi-chunk scan are all exercised at a tiny size.

@@ -8,8 +8,8 @@ from unittest import mock
 import torch
 
 from tests.conftest import build_hf_tokenizer
+from tests.hf_state_models import VOCAB as V
 
-V = 300
 TINY = dict(
     vocab_size=V, hidden_size=128, num_hidden_layers=2, num_heads=4,  # d_qk 16 and d_v 32 a head
     chunk_size=16, pad_token_id=1, bos_token_id=0, eos_token_id=2,

@@ -18,7 +18,7 @@ from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.fake_cuda import CUDA, assert_on_cuda, fake_cuda, fake_model
-from tests.hf_state_models import assert_beams_match, assert_load_refused, full_logits
+from tests.hf_state_models import assert_beams_match, assert_load_refused, full_logits, tokens
 from tests.hf_state_models.lfm2 import TINY, V, save_tiny
 from tests.server.engine.graph_emulation import EmulatedGraphs, HostSyncGuard
 from tests.server.engine.helpers import run_to_completion
@@ -31,10 +31,6 @@ VARIANTS = {
     "all-conv": dict(full_attn_idxs=[]),
     "all-attention": dict(full_attn_idxs=[0, 1, 2, 3, 4]),
 }
-
-
-def tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def blocks_of(seq: int, length: int, stride: int = 8) -> list[int]:

@@ -21,7 +21,7 @@ from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.hf_state_models import (assert_engine_beams_match, assert_engine_greedy_matches, assert_load_refused,
-                                  full_logits, step_side_by_side, step_through)
+                                  full_logits, step_side_by_side, step_through, tokens)
 from tests.hf_state_models.mamba import MODEL_TYPES, V, save_tiny
 from tests.server.engine.graph_emulation import EmulatedGraphs, HostSyncGuard
 
@@ -42,10 +42,6 @@ def scan(request, pair):
     pair[1].model.scan_chunk = request.param
     yield request.param
     pair[1].model.scan_chunk = None
-
-
-def tokens(length: int, seed: int) -> list[int]:
-    return torch.randint(0, V, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 @pytest.mark.parametrize("length", [1, 12, 100])

@@ -20,7 +20,7 @@ from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.hf_state_models import (assert_engine_beams_match, assert_engine_greedy_matches, assert_load_refused,
                                   edit_config, full_logits, greedy_by_forwards, step_side_by_side,
-                                  step_through)
+                                  step_through, tokens)
 from tests.hf_state_models.mamba2 import VOCAB, save_tiny
 from tests.server.engine.graph_emulation import EmulatedGraphs
 from tests.server.engine.helpers import run_to_completion
@@ -41,10 +41,6 @@ def pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     reference = save_tiny(directory, **VARIANTS[request.param])
     return reference, load_checkpoint(directory, device="cpu", dtype="float32").model
-
-
-def tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def test_full_forward_matches_transformers(pair):

@@ -16,7 +16,7 @@ from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
 from tests.hf_state_models import (assert_engine_beams_match, assert_engine_greedy_matches, assert_load_refused,
-                                  full_logits, step_side_by_side, step_through)
+                                  full_logits, step_side_by_side, step_through, tokens)
 from tests.hf_state_models.xlstm import V, save_tiny
 
 CHUNK = 16  # the tiny checkpoint's chunk_size: prompts below cross several chunkwise pieces
@@ -43,10 +43,6 @@ def model(pair, request):
 
 def close(got: torch.Tensor, want: torch.Tensor, model) -> None:
     torch.testing.assert_close(got, want, atol=TOLERANCE[model.lm_head.weight.dtype], rtol=0)
-
-
-def tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def run(model, state, slots: list[int], new: list[list[int]], starts: list[int]) -> list[torch.Tensor]:

@@ -123,3 +123,23 @@ def test_engine_serves_a_hybrid_model_like_the_others(tiny_tokenizer):
             assert engine.cache.prefix_hits >= 8  # "b" and "d" resume from "a"'s snapshots
             assert engine.cache.kv.usage == 0 and engine.cache.slots.usage == 0
     assert results["hybrid"] == results["paged_kv"]
+
+
+def test_a_hybrids_blocks_take_the_cache_bytes_its_slots_leave():
+    """plan_state: every sequence a slot, snapshots_per_seq snapshots each, and K,V blocks in what --cache-bytes
+    leaves beside those slots (and the graphs' spare one): the two kinds never share more than the budget."""
+    from models.scripted import ScriptedConfig, ScriptedModel
+    from models.state import state_parts
+    from server.engine.core import CacheConfig
+    from server.engine.scheduler import SchedulerConfig
+    from server.engine.state_kinds import plan_state
+
+    model = ScriptedModel(ScriptedConfig(50, state_kind="hybrid"))
+    budget = 2**20
+    layout = plan_state(model, CacheConfig(block_size=BLOCK, cache_bytes=budget, snapshots_per_seq=2),
+                        SchedulerConfig(max_num_seqs=4), max_model_len=64, spare=1)
+    kv, slots = state_parts(layout.state)
+    assert slots.num_slots == 4 + 4 * 2 + 1
+    slot_bytes = slots.bytes_per_slot * slots.num_slots
+    assert kv.num_blocks == (budget - slot_bytes) // kv.bytes_per_block + 1
+    assert layout.num_bytes - kv.bytes_per_block <= budget  # all but the spare block within the budget

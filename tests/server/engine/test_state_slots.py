@@ -98,9 +98,13 @@ def test_a_prefix_earlier_prompts_shared_is_computed_as_a_chunk_of_its_own_and_s
     m.free(1)
     m.admit(2, system + [7, 8], 10)  # its first two blocks were seen: the prefill pauses after them
     assert m.chunk_limit(2, 0, 11) == 8 and m.chunk_limit(2, 8, 11) is None
+    state["h"][m.slot(2)] = 8.0  # "the state after 8 tokens"
     m.commit(2, system + [7, 8], 8, 11)
     m.free(2)
     assert m.admit(3, system + [5], 9) == 8
+    assert torch.all(state["h"][m.slot(3)] == 8.0)  # resumed from the state saved where the prompts part
+
+
 def test_snapshots_are_evicted_oldest_first():
     m, state = manager(snapshots=1, interval=2)
     for seq_id, prompt in [(1, [1, 2, 3]), (2, [4, 5, 6])]:
