@@ -67,14 +67,24 @@ def _device(model) -> torch.device:
     return next(chain(model.parameters(), model.buffers())).device
 
 
+def profile_prompts(max_num_batched_tokens: int, max_model_len: int) -> list[int]:
+    """The prompt lengths of `profile_step`: `max_num_batched_tokens` new tokens in prompts of at most
+    `max_model_len` (learned positions end there)."""
+    full, rest = divmod(max_num_batched_tokens, max_model_len)
+    return [max_model_len] * full + [rest] * (rest > 0)
+
+
+def profile_blocks(max_num_batched_tokens: int, max_model_len: int, block_size: int) -> int:
+    """Blocks `profile_step` needs."""
+    return sum(-(-n // block_size) for n in profile_prompts(max_num_batched_tokens, max_model_len))
+
+
 def profile_step(model, state, max_num_batched_tokens: int, max_model_len: int) -> torch.Tensor:
-    """One step of `max_num_batched_tokens` new tokens, as prompts of at most `max_model_len` tokens
-    (learned positions end there), with logits for every row; `state` must hold them all."""
+    """One step of `profile_prompts`, with logits for every row; `state` must hold them all (a hybrid's: a slot
+    per prompt)."""
     kv, slots = state_parts(state)  # a hybrid model holds slots beside its K,V
-    length = min(max_num_batched_tokens, max_model_len)
     prompts, tables, next_block = [], [], 0
-    for start in range(0, max_num_batched_tokens, length):
-        n = min(length, max_num_batched_tokens - start)
+    for n in profile_prompts(max_num_batched_tokens, max_model_len):
         num_blocks = -(-n // kv.block_size)
         prompts.append([0] * n)
         tables.append(list(range(next_block, next_block + num_blocks)))
@@ -99,19 +109,12 @@ def profile_decode_step(model, state, batch_size: int, max_model_len: int) -> to
     return model.step(batch, state)  # (batch_size, V)
 
 
-def profile_blocks(max_num_batched_tokens: int, max_model_len: int, block_size: int) -> int:
-    """Blocks `profile_step` needs."""
-    length = min(max_num_batched_tokens, max_model_len)
-    full, rest = divmod(max_num_batched_tokens, length)
-    return full * -(-length // block_size) + -(-rest // block_size)
-
-
 def measure_gpu_memory(model, block_size: int, max_num_batched_tokens: int, max_model_len: int,
                        graph_batch_size: int = 0) -> GpuMemory:
     """The figures `kv_cache_bytes` needs, read from the CUDA device the model is on."""
     device = _device(model)
     weights = sum(t.numel() * t.element_size() for t in chain(model.parameters(), model.buffers()))
-    num_prompts = -(-max_num_batched_tokens // max_model_len)  # of the profiling step: a hybrid's slot each
+    num_prompts = len(profile_prompts(max_num_batched_tokens, max_model_len))  # a hybrid's slot each
     state = new_model_state(model, profile_blocks(max_num_batched_tokens, max_model_len, block_size), num_prompts,
                             block_size)
 
