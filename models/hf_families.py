@@ -109,6 +109,23 @@ PHI3_TENSORS = {
     "layers.{i}.mlp.up.{w}": one(_L + "mlp.gate_up_proj.{w}"),
 }
 
+# LFM2 (models/lfm2.py): its conv layers and norms keep the checkpoint's names; its attention and feed-forward are
+# the Transformer's modules, fused as Llama's.
+LFM2_TENSORS = {
+    "embed_tokens.weight": one("{p}embed_tokens.weight"),
+    "embedding_norm.weight": one("{p}embedding_norm.weight"),
+    "lm_head.weight": one("lm_head.weight"),
+    **{f"layers.{{i}}.{name}": one(_L + name) for name in (
+        "operator_norm.weight", "ffn_norm.weight", "conv.in_proj.{w}", "conv.conv.{w}", "conv.out_proj.{w}")},
+    "layers.{i}.self_attn.qkv.weight": fused(
+        _L + "self_attn.q_proj.weight", _L + "self_attn.k_proj.weight", _L + "self_attn.v_proj.weight"),
+    "layers.{i}.self_attn.out.weight": one(_L + "self_attn.out_proj.weight"),
+    "layers.{i}.self_attn.q_norm.weight": one(_L + "self_attn.q_layernorm.weight"),
+    "layers.{i}.self_attn.k_norm.weight": one(_L + "self_attn.k_layernorm.weight"),
+    "layers.{i}.feed_forward.up.weight": fused(_L + "feed_forward.w1.weight", _L + "feed_forward.w3.weight"),
+    "layers.{i}.feed_forward.down.weight": one(_L + "feed_forward.w2.weight"),
+}
+
 
 # ---- config.json readers ----------------------------------------------------------------
 
@@ -223,8 +240,7 @@ FAMILIES: dict[str, Family] = {
     "gemma": Family(_gemma, LLAMA_TENSORS, defaults={
         **_LLAMA_DEFAULTS, "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True,
         "max_position_embeddings": 8192, "head_dim": 256}),
-    # Our LFM2 modules carry the checkpoint's names (models/lfm2.py).
-    "lfm2": Family(lfm2.read_config, None, defaults=lfm2.DEFAULTS, architecture="lfm2"),
+    "lfm2": Family(lfm2.read_config, LFM2_TENSORS, defaults=lfm2.DEFAULTS, architecture="lfm2"),
     # Our Mamba-2 modules carry the checkpoint's names (backbone.layers.{i}.mixer...).
     "mamba2": Family(read_mamba2_config, None, architecture="mamba2", defaults={
         "vocab_size": 32768, "hidden_size": 4096, "num_hidden_layers": 64, "expand": 2, "num_heads": 128,

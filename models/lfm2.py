@@ -5,8 +5,9 @@ Most layers are a gated short convolution: in_proj makes B, C and x; B * x goes 
 convolution of `conv_kernel` taps (conv_L_cache, 3 in the released models); C gates its output; out_proj maps it
 back. The other layers are attention with an RMSNorm of each head's q and k before RoPE. Every layer is pre-norm
 with a SwiGLU feed-forward; the norm called `embedding_norm` is the final one, before the output layer (tied to
-the embeddings in the released models). Our modules carry the checkpoint's tensor names, so the attention layers
-have their own q/k/v projections, but they run the Transformer's paged-attention backends, RoPE and norms.
+the embeddings in the released models). The attention and feed-forward are the Transformer's own modules
+(`transformer_view` configures them), with q/k/v and w1/w3 fused into one matmul each as the family's tensor table
+loads them (hf_families.LFM2_TENSORS), and run the Transformer's paged-attention backends, RoPE and layer ops.
 
 State per sequence, of two kinds (a `HybridState`):
 - convolution windows, in a slot: each conv layer's last conv_kernel - 1 inputs B * x, (n_conv, K - 1, d_model).
@@ -28,11 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import PagedAttentionBackend, select_attention_backend
+from .attention import select_attention_backend
 from .batch import StepBatch, run_by_parts, split_decodes
 from .kernels import TORCH_OPS, LayerOps
 from .state import HybridState, PagedKVCache, SlotState
-from .transformer import ROPE_SCALING_TYPES, RMSNorm, rope_scaling_type, rope_tables
+from .transformer import (MLP, ROPE_SCALING_TYPES, Attention, RMSNorm, TransformerConfig, rope_scaling_type,
+                          rope_tables)
 
 LAYER_TYPES = ("conv", "full_attention")
 
@@ -84,6 +86,15 @@ class Lfm2Config:
     @property
     def n_attention_layers(self) -> int:
         return self.n_layers - self.n_conv_layers
+
+    def transformer_view(self) -> TransformerConfig:
+        """The Transformer's config of LFM2's attention (grouped-query heads, RMSNorm of q and k before RoPE) and
+        feed-forward (SwiGLU, no biases), so that the layers use the Transformer's modules."""
+        return TransformerConfig(
+            vocab_size=self.vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, d_ff=self.d_ff, max_seq_len=self.max_seq_len,
+            norm="rmsnorm", norm_eps=self.norm_eps, qk_norm=True, gated_mlp=True, activation="silu",
+            rope_theta=self.rope_theta, rope_scaling=self.rope_scaling)
 
 
 def read_config(raw: dict) -> Lfm2Config:
@@ -182,67 +193,18 @@ class ShortConv(nn.Module):
         return part.unpad(self.convolve(seq))
 
 
-class Attention(nn.Module):
-    """Grouped-query attention with a per-head RMSNorm of q and k before RoPE; K,V in the paged cache."""
-
-    def __init__(self, config: Lfm2Config):
-        super().__init__()
-        c = config
-        self.shape = (c.n_heads, c.n_kv_heads, c.head_dim)
-        self.q_proj = nn.Linear(c.d_model, c.n_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
-        self.out_proj = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=False)
-        self.q_layernorm = RMSNorm(c.head_dim, c.norm_eps)
-        self.k_layernorm = RMSNorm(c.head_dim, c.norm_eps)
-
-    def project(self, h: torch.Tensor, rope, ops: LayerOps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h (..., T, D) -> q (..., T, H, hd), k and v (..., T, KVH, hd)."""
-        n_heads, n_kv_heads, head_dim = self.shape
-        q = ops.norm(self.q_proj(h).unflatten(-1, (n_heads, head_dim)), self.q_layernorm)
-        k = ops.norm(self.k_proj(h).unflatten(-1, (n_kv_heads, head_dim)), self.k_layernorm)
-        v = self.v_proj(h).unflatten(-1, (n_kv_heads, head_dim))
-        q, k = ops.rope(q, k, *rope)
-        return q, k, v
-
-    def forward(self, h: torch.Tensor, rope) -> torch.Tensor:
-        """Causal attention over h (B, T, D), no cache."""
-        q, k, v = (t.transpose(1, 2) for t in self.project(h, rope, TORCH_OPS))  # (B, heads, T, hd)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
-        return self.out_proj(out.transpose(1, 2).flatten(-2))
-
-    def step(self, h: torch.Tensor, rope, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             attention: PagedAttentionBackend, ops: LayerOps) -> torch.Tensor:
-        """h (T, D) packed new tokens; k_cache, v_cache (num_blocks, block_size, KVH, hd) of this layer."""
-        q, k, v = self.project(h, rope, ops)
-        return self.out_proj(attention.forward(q, k, v, k_cache, v_cache))  # the backend writes k, v into the cache
-
-
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 h) * w3 h)."""
-
-    def __init__(self, config: Lfm2Config):
-        super().__init__()
-        self.w1 = nn.Linear(config.d_model, config.d_ff, bias=False)
-        self.w3 = nn.Linear(config.d_model, config.d_ff, bias=False)
-        self.w2 = nn.Linear(config.d_ff, config.d_model, bias=False)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(h)) * self.w3(h))
-
-
 class Layer(nn.Module):
     """x + operator(operator_norm(x)), then + feed_forward(ffn_norm(.)); the operator is `conv` or `self_attn`."""
 
-    def __init__(self, config: Lfm2Config, layer_type: str, state_index: int):
+    def __init__(self, config: Lfm2Config, layer_type: str, state_index: int, shared: TransformerConfig):
         super().__init__()
         self.is_conv = layer_type == "conv"
         self.state_index = state_index  # among the layers of its type: its conv window, or its K,V layer
         if self.is_conv:
             self.conv = ShortConv(config)
         else:
-            self.self_attn = Attention(config)
-        self.feed_forward = FeedForward(config)
+            self.self_attn = Attention(shared)
+        self.feed_forward = MLP(shared)
         self.operator_norm = RMSNorm(config.d_model, config.norm_eps)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
 
@@ -252,24 +214,16 @@ class Layer(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-class Backbone(nn.Module):
-    """Named `model` in the language model, as in the checkpoints: embed_tokens, layers, embedding_norm."""
-
-    def __init__(self, config: Lfm2Config):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
-        types = config.layer_types
-        self.layers = nn.ModuleList(Layer(config, kind, types[:i].count(kind)) for i, kind in enumerate(types))
-        self.embedding_norm = RMSNorm(config.d_model, config.norm_eps)  # the final norm, despite its name
-
-
 class Lfm2LanguageModel(nn.Module):
     state_kind = HybridState.kind
 
     def __init__(self, config: Lfm2Config):
         super().__init__()
         self.config = config
-        self.model = Backbone(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        types, shared = config.layer_types, config.transformer_view()
+        self.layers = nn.ModuleList(Layer(config, kind, types[:i].count(kind), shared) for i, kind in enumerate(types))
+        self.embedding_norm = RMSNorm(config.d_model, config.norm_eps)  # the final norm, despite its name
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         # As the Transformer's: an attention backend name ("auto": the device's default), resolved by new_state,
         # and the layer ops its steps run norms and RoPE through.
@@ -277,14 +231,14 @@ class Lfm2LanguageModel(nn.Module):
         self.layer_ops: LayerOps = TORCH_OPS
 
     def _logits(self, x: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(ops.norm(x, self.model.embedding_norm), weight).float()
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(ops.norm(x, self.embedding_norm), weight).float()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits, from an empty state."""
-        x = self.model.embed_tokens(tokens)
+        x = self.embed_tokens(tokens)
         rope = rope_tables(self.config, torch.arange(tokens.shape[1], device=tokens.device), x.dtype)
-        for layer in self.model.layers:
+        for layer in self.layers:
             x = layer(x, rope)
         return self._logits(x)
 
@@ -294,7 +248,7 @@ class Lfm2LanguageModel(nn.Module):
         sequence of conv windows, "conv" (num_slots, n_conv_layers, conv_kernel - 1, d_model); both in `dtype`
         (None: the model's)."""
         c = self.config
-        like = self.model.embed_tokens.weight
+        like = self.embed_tokens.weight
         dtype = dtype or like.dtype
         backend = select_attention_backend(attention_backend or self.attention_backend, like.device)
         kv = PagedKVCache(c.n_attention_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim, dtype,
@@ -309,9 +263,9 @@ class Lfm2LanguageModel(nn.Module):
         ops, kv = self.layer_ops, state.kv
         attention = kv.attention.build(batch, kv.block_size)  # once per step, shared by the attention layers
         parts = split_decodes(batch)  # and the conv layers' parts
-        x = self.model.embed_tokens(batch.token_ids)  # (T, D)
+        x = self.embed_tokens(batch.token_ids)  # (T, D)
         rope = rope_tables(self.config, batch.positions, x.dtype)
-        for layer in self.model.layers:
+        for layer in self.layers:
             h = ops.norm(x, layer.operator_norm)
             if layer.is_conv:
                 h = layer.conv.step(h, parts, state.slots["conv"], layer.state_index)
@@ -319,7 +273,7 @@ class Lfm2LanguageModel(nn.Module):
                 i = layer.state_index
                 h = layer.self_attn.step(h, rope, kv.k[i], kv.v[i], attention, ops)
             h, x = ops.add_norm(h, x, layer.ffn_norm)  # x = x + h, h = ffn_norm(x)
-            x = x + layer.feed_forward(h)
+            x = x + layer.feed_forward(h, ops)
         if batch.logits_indices is not None:
             x = x[batch.logits_indices]
         return self._logits(x, ops)

@@ -181,7 +181,7 @@ def test_lfm2_350m_config_and_state_sizes():
     assert config.layer_types == transformers.Lfm2Config(**LFM2_350M).layer_types
     with torch.device("meta"):
         model = Lfm2LanguageModel(config)
-    assert model.model.layers[0].feed_forward.w1.weight.shape == (4608, 1024)
+    assert model.layers[0].feed_forward.up.weight.shape == (2 * 4608, 1024)  # w1 and w3, fused
     state = model.new_state(num_blocks=1, num_slots=1, dtype=torch.bfloat16, attention_backend="sdpa")
     assert state.slots.bytes_per_slot == 40_960 and state.kv.bytes_per_token == 12_288
 
