@@ -42,34 +42,36 @@ class StepBatch:
         return max(self.query_lens)
 
     @cached_property
+    def seq_of_token(self) -> torch.Tensor:
+        """(T,) the sequence each packed token belongs to."""
+        seqs = torch.arange(self.num_seqs, device=self.token_ids.device)
+        if self.max_query_len == 1:  # a decode step copies nothing from the host (CUDA graphs capture it)
+            return seqs
+        return torch.repeat_interleave(seqs, self.lens, output_size=self.num_tokens)  # sized on the host: no sync
+
+    @cached_property
     def flat_index(self) -> torch.Tensor:
         """(T,) where each packed token sits in a right-padded (B * max_query_len) layout."""
-        seq_of_token = torch.repeat_interleave(
-            torch.arange(self.num_seqs), torch.tensor(self.query_lens, dtype=torch.long),
-            output_size=self.num_tokens,  # known on the host: no value is read to size the output
-        ).to(self.token_ids.device, non_blocking=True)
-        offset = torch.arange(self.num_tokens, device=self.token_ids.device) - self.seq_starts[seq_of_token]
-        return seq_of_token * self.max_query_len + offset
+        offset = torch.arange(self.num_tokens, device=self.token_ids.device) - self.seq_starts[self.seq_of_token]
+        return self.seq_of_token * self.max_query_len + offset
 
     def pad(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
-        """(T, ...) packed -> (B, max_query_len, ...) right-padded with `fill`."""
-        if self.max_query_len == 1:
-            return x.unsqueeze(1)
+        """(T, ...) packed -> (B, max_query_len, ...) right-padded with `fill` (a view where nothing is padded)."""
+        if not self.is_padded:
+            return x.view(self.num_seqs, self.max_query_len, *x.shape[1:])
         out = x.new_full((self.num_seqs * self.max_query_len, *x.shape[1:]), fill)
         out[self.flat_index] = x
         return out.view(self.num_seqs, self.max_query_len, *x.shape[1:])
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """(B, max_query_len, ...) right-padded -> (T, ...) packed."""
-        if self.max_query_len == 1:
-            return x.squeeze(1)
-        return x.reshape(self.num_seqs * self.max_query_len, *x.shape[2:])[self.flat_index]
+        flat = x.reshape(self.num_seqs * self.max_query_len, *x.shape[2:])
+        return flat[self.flat_index] if self.is_padded else flat
 
     @cached_property
     def seq_starts(self) -> torch.Tensor:
         """(B,) index of each sequence's first new token in the packed batch."""
-        lens = torch.tensor(self.query_lens, dtype=torch.long)
-        return (torch.cumsum(lens, 0) - lens).to(self.token_ids.device, non_blocking=True)
+        return torch.cumsum(self.lens, 0) - self.lens
 
     @cached_property
     def last_indices(self) -> torch.Tensor:

@@ -14,7 +14,6 @@ from typing import Protocol
 import torch
 
 from ..batch import StepBatch
-from ..host_copy import to_device
 
 
 class PagedAttentionBackend(Protocol):
@@ -36,16 +35,9 @@ class PagedAttentionBackend(Protocol):
 
 def slot_mapping(batch: StepBatch, block_size: int) -> torch.Tensor:
     """(T,) flat cache slot (block * block_size + offset) of each new token."""
-    tables = batch.block_tables
-    seq_of_token = torch.arange(batch.num_seqs, device=tables.device)
-    if batch.max_query_len > 1:
-        seq_of_token = torch.repeat_interleave(
-            seq_of_token, to_device(batch.query_lens, tables.device),
-            output_size=batch.num_tokens,  # known on the host: no device-to-host sync to size the output
-        )
-    # A decode step copies nothing from the host, so it can be captured in a CUDA graph.
+    # A decode step copies nothing from the host (seq_of_token), so it can be captured in a CUDA graph.
     pos = batch.positions
-    return tables[seq_of_token, pos // block_size] * block_size + pos % block_size
+    return batch.block_tables[batch.seq_of_token, pos // block_size] * block_size + pos % block_size
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -38,3 +38,18 @@ def test_pad_fills_past_each_sequence_and_unpad_undoes_it():
     padded = batch.pad(x, float("-inf"))
     assert padded.tolist() == [[1, 2, 3], [4, float("-inf"), float("-inf")]]
     assert batch.unpad(padded).tolist() == [1, 2, 3, 4]
+
+
+def test_sequences_of_one_length_pad_to_a_view_of_their_tokens():
+    for tokens in ([[1, 2, 3], [4, 5, 6]], [[7], [8]]):
+        batch = StepBatch.build(tokens, [0, 0])
+        x = batch.token_ids.float()
+        padded = batch.pad(x, float("-inf"))
+        assert padded.tolist() == [[float(t) for t in seq] for seq in tokens]
+        assert padded.data_ptr() == x.data_ptr()  # nothing to pad: no copy
+        assert batch.unpad(padded).tolist() == x.tolist()
+
+
+def test_each_token_knows_its_sequence():
+    assert StepBatch.build([[1, 2, 3], [4], [5, 6]], [0, 7, 2]).seq_of_token.tolist() == [0, 0, 0, 1, 2, 2]
+    assert StepBatch.build([[1], [2]], [4, 9]).seq_of_token.tolist() == [0, 1]
