@@ -101,6 +101,15 @@ class StepBatch:
         size[dim] = keep
         return inputs.gather(dim, index.view(shape).expand(size))
 
+    def slide_windows(self, windows: torch.Tensor, where, new: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """A convolution's input: each sequence's stored window `windows[where]` (B, ..., K - 1 along `dim`) then
+        its new inputs `new` (padded to max_query_len along `dim`), joined in `new`'s dtype. The stored windows
+        become each sequence's last K - 1 real inputs, in the state's dtype."""
+        window = windows[where]
+        inputs = torch.cat([window.to(new.dtype), new], dim)
+        windows[where] = self.last_inputs(inputs, window.shape[dim], dim).to(windows.dtype)
+        return inputs
+
     @classmethod
     def whole(cls, tokens: torch.Tensor) -> "StepBatch":
         """(B, T) token ids as B whole sequences from position 0, sequence b in slot b, every row scored."""

@@ -187,9 +187,7 @@ class ShortConv(nn.Module):
         return self.out_proj(gate * out)
 
     def _convolve_part(self, inputs: torch.Tensor, part: StepBatch, windows: torch.Tensor, layer: int):
-        where = (part.slots, layer)
-        seq = torch.cat([windows[where].to(inputs.dtype), part.pad(inputs)], dim=1)  # (B, K - 1 + Q, D)
-        windows[where] = part.last_inputs(seq, self.window).to(windows.dtype)
+        seq = part.slide_windows(windows, (part.slots, layer), part.pad(inputs))  # (B, K - 1 + Q, D)
         return part.unpad(self.convolve(seq))
 
 

@@ -121,11 +121,9 @@ class MambaMixer(nn.Module):
         outputs u, (T, d_inner) float32, before the gate; the part's slots of this layer updated in place."""
         c = self.config
         where = (part.slots, layer)
-        window, ssm = state["conv"][where], state["ssm"][where]  # (R, d_inner, d_conv - 1), (R, d_inner, d_state)
-        rows = part.pad(u)  # (R, Q, d_inner), right-padded with zeros
-        inputs = torch.cat([window.to(u.dtype), rows.transpose(1, 2)], dim=-1)  # (R, d_inner, d_conv - 1 + Q)
+        # (R, d_inner, d_conv - 1 + Q): the window then the part's inputs, right-padded with zeros
+        inputs = part.slide_windows(state["conv"], where, part.pad(u).transpose(1, 2), dim=-1)
         conv = F.silu(F.conv1d(inputs, self.conv1d.weight, self.conv1d.bias, groups=c.d_inner)).transpose(1, 2)
-        state["conv"][where] = part.last_inputs(inputs, c.d_conv - 1, dim=-1).to(state["conv"].dtype)
         u = part.unpad(conv)  # (T, d_inner)
         dt, B, C = self.x_proj(u).split([c.dt_rank, c.d_state, c.d_state], dim=-1)
         if c.bcdt_norm:  # Falcon-Mamba: weightless, in float32, back to the model's dtype
@@ -133,6 +131,7 @@ class MambaMixer(nn.Module):
         dt = F.softplus(self.dt_proj(dt).float())  # (T, d_inner)
         A = -torch.exp(self.A_log.float())  # (d_inner, d_state)
         u32, B, C = u.float(), B.float(), C.float()
+        ssm = state["ssm"][where]  # (R, d_inner, d_state)
         if part.max_query_len == 1:
             y, ssm = scan_step(u32, dt, A, B, C, ssm)
         else:  # padding is zeros, dt 0 among them: those positions leave the state as it was

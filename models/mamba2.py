@@ -154,8 +154,7 @@ class Mamba2Mixer(nn.Module):
         the part's slots of this `layer` updated in place."""
         c = self.config
         where = (part.slots, layer)
-        full = torch.cat([state["conv"][where].to(xbc.dtype), part.pad(xbc)], dim=1)  # (B, d_conv - 1 + Q, conv_dim)
-        state["conv"][where] = part.last_inputs(full, c.conv_kernel - 1).to(state["conv"].dtype)
+        full = part.slide_windows(state["conv"], where, part.pad(xbc))  # (B, d_conv - 1 + Q, conv_dim)
         xbc = F.silu(self.conv1d(full.transpose(1, 2)).transpose(1, 2))  # (B, Q, conv_dim)
         x, B, C = xbc.float().split([c.intermediate_size, c.n_groups * c.state_size, c.n_groups * c.state_size], -1)
         x = x.unflatten(-1, (c.num_heads, c.head_dim))

@@ -53,3 +53,11 @@ def test_sequences_of_one_length_pad_to_a_view_of_their_tokens():
 def test_each_token_knows_its_sequence():
     assert StepBatch.build([[1, 2, 3], [4], [5, 6]], [0, 7, 2]).seq_of_token.tolist() == [0, 0, 0, 1, 2, 2]
     assert StepBatch.build([[1], [2]], [4, 9]).seq_of_token.tolist() == [0, 1]
+
+
+def test_slide_windows_reads_and_writes_the_parts_slots_in_the_states_dtype():
+    batch = StepBatch.build([[11, 12, 13], [21]], [0, 0], slots=[2, 0])
+    windows = torch.tensor([[-1, -2], [-3, -4], [-5, -6]], dtype=torch.bfloat16)  # (slots, K - 1)
+    inputs = batch.slide_windows(windows, batch.slots, batch.pad(batch.token_ids.float()))
+    assert inputs.dtype == torch.float32 and inputs.tolist() == [[-5, -6, 11, 12, 13], [-1, -2, 21, 0, 0]]
+    assert windows.dtype == torch.bfloat16 and windows.tolist() == [[-2, 21], [-3, -4], [12, 13]]
