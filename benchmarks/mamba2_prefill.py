@@ -13,7 +13,6 @@ shared machine moves less. Random weights: no download.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import torch
 
@@ -39,19 +38,13 @@ def build(shape: dict, device: torch.device):
     return reference, prefill.load_tied(ours, reference).eval().to(device)
 
 
-def set_chunk_size(model: Mamba2LanguageModel, chunk_size: int) -> None:
-    model.config = replace(model.config, chunk_size=chunk_size)
-    for layer in model.backbone.layers:
-        layer.mixer.config = model.config
-
-
 def main(argv: list[str] | None = None) -> dict:
     args = prefill.parse_options(argv, __doc__.split("\n\n")[0], chunks=[64, 256], repeats=3,
                                  chunks_help="our scan's chunk sizes to time")
     shape = SHAPE_TINY if args.smoke else SHAPE_130M
     reference, ours = build(shape, torch.device(args.device))
     chunks = {f"quill, chunks of {chunk}": chunk for chunk in args.chunks}
-    return prefill.compare(args, shape, reference, ours, set_chunk_size, chunks)
+    return prefill.compare(args, shape, reference, ours, chunks)
 
 
 if __name__ == "__main__":

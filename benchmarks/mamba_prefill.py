@@ -36,10 +36,6 @@ def build(shape: dict, device: torch.device):
     return reference, prefill.load_tied(ours, reference).eval().to(device)
 
 
-def set_scan_chunk(model: MambaLanguageModel, chunk: int) -> None:
-    model.scan_chunk = chunk
-
-
 def main(argv: list[str] | None = None) -> dict:
     args = prefill.parse_options(argv, __doc__.split("\n\n")[0], chunks=[23], repeats=2, chunks_help=(
         "scan chunk lengths to time beside the token loop (23: what a GPU runs for 2,000 tokens)"))
@@ -47,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     reference, ours = build(shape, torch.device(args.device))
     # a chunk as long as the prompt: the scan's token loop
     chunks = {"quill, token loop": args.tokens} | {f"quill, chunks of {chunk}": chunk for chunk in args.chunks}
-    return prefill.compare(args, shape, reference, ours, set_scan_chunk, chunks)
+    return prefill.compare(args, shape, reference, ours, chunks)
 
 
 if __name__ == "__main__":

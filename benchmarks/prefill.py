@@ -42,9 +42,9 @@ def load_tied(ours: torch.nn.Module, reference: torch.nn.Module) -> torch.nn.Mod
     return ours
 
 
-def compare(args: argparse.Namespace, shape: dict, reference, ours, set_chunk, chunks: dict[str, int]) -> dict:
-    """transformers' forward against Quill's step at each scan chunk (run name -> chunk, set by `set_chunk(ours,
-    chunk)`) on one random prompt of args.tokens: wall and CPU time (the fastest of args.repeats, interleaved),
+def compare(args: argparse.Namespace, shape: dict, reference, ours, chunks: dict[str, int]) -> dict:
+    """transformers' forward against Quill's step at each scan chunk (run name -> the model's scan_chunk) on one
+    random prompt of args.tokens: wall and CPU time (the fastest of args.repeats, interleaved),
     speed-ups and last-logit errors, printed, returned and written to args.out if given."""
     device = torch.device(args.device)
     ids = torch.randint(0, shape["vocab_size"], (args.tokens,), generator=torch.Generator().manual_seed(1))
@@ -53,7 +53,7 @@ def compare(args: argparse.Namespace, shape: dict, reference, ours, set_chunk, c
     print(json.dumps({k: v for k, v in results.items() if k != "runs"}))
 
     def prefill(chunk: int) -> torch.Tensor:
-        set_chunk(ours, chunk)
+        ours.scan_chunk = chunk
         return ours.step(StepBatch.build([ids.tolist()], [0], slots=[0], device=device), ours.new_state(1))
 
     runs = {"transformers": lambda: reference(ids[None].to(device), logits_to_keep=1, use_cache=False).logits[0]}

@@ -161,14 +161,15 @@ class MambaBackbone(nn.Module):
         self.layers = nn.ModuleList(MambaBlock(width, eps, mixer) for mixer in mixers)
         self.norm_f = RMSNorm(width, eps)
 
-    def hidden(self, batch: StepBatch, state: SlotState, residual_in_fp32: bool, **mixer_options) -> torch.Tensor:
+    def hidden(self, batch: StepBatch, state: SlotState, residual_in_fp32: bool, chunk: int | None) -> torch.Tensor:
         """(T, width) the residual stream after the last layer, for the step's packed tokens; each mixer reads and
-        writes its layer of the sequences' slots, a layer at a time, the step split by `split_decodes`."""
+        writes its layer of the sequences' slots, a layer at a time, the step split by `split_decodes`. `chunk`:
+        the prefill scan's positions per chunk (None: the mixer's choice)."""
         parts = split_decodes(batch)
         x = self.embeddings(batch.token_ids)
         residual = x.float() if residual_in_fp32 else x
         for i, block in enumerate(self.layers):
-            residual = residual + block.mixer(block.norm(residual.to(x.dtype)), parts, state, i, **mixer_options)
+            residual = residual + block.mixer(block.norm(residual.to(x.dtype)), parts, state, i, chunk)
         return residual
 
     def logits(self, residual: torch.Tensor, lm_head: nn.Linear | None) -> torch.Tensor:
@@ -187,9 +188,12 @@ class MambaFamilyModel(SlotLanguageModel):
         self.config = config
         self.backbone = MambaBackbone(config.vocab_size, width, config.norm_eps, mixers)
         self.lm_head = None if config.tie_embeddings else nn.Linear(width, config.vocab_size, bias=False)
+        # Positions per chunk of a prefill's scan, any size giving the same result; None: the mixer's choice
+        # (Mamba-1: the device's, mamba_scan.chunk_length; Mamba-2: its config's chunk_size).
+        self.scan_chunk: int | None = None
 
     def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
-        return self.backbone.hidden(batch, state, self.config.residual_in_fp32)
+        return self.backbone.hidden(batch, state, self.config.residual_in_fp32, self.scan_chunk)
 
     def _logits(self, residual: torch.Tensor) -> torch.Tensor:
         return self.backbone.logits(residual, self.lm_head)
@@ -198,11 +202,6 @@ class MambaFamilyModel(SlotLanguageModel):
 class MambaLanguageModel(MambaFamilyModel):
     def __init__(self, config: MambaConfig):
         super().__init__(config, config.d_model, [MambaMixer(config) for _ in range(config.n_layers)])
-        # Positions per chunk of a prefill's scan; None: chosen for the device (mamba_scan.chunk_length).
-        self.scan_chunk: int | None = None
-
-    def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
-        return self.backbone.hidden(batch, state, self.config.residual_in_fp32, chunk=self.scan_chunk)
 
     def new_state(self, num_slots: int, dtype: torch.dtype | None = None) -> SlotState:
         """Per slot and layer: `conv` (d_inner, d_conv - 1) in `dtype` (default: the weights'), `ssm`

@@ -138,18 +138,19 @@ class Mamba2Mixer(nn.Module):
         self.norm = GatedRMSNorm(c.intermediate_size, c.n_groups, c.norm_eps, c.norm_before_gate)
         self.out_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.use_bias)
 
-    def forward(self, h: torch.Tensor, parts, state: SlotState, layer: int) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, parts, state: SlotState, layer: int, chunk: int | None = None) -> torch.Tensor:
         """h (T, hidden) the step's packed tokens, normed -> (T, hidden). `parts`: the step's sequences as
         `split_decodes` groups them; each part's window and ssm state of this `layer` are read from its slots and
         written back. The projections and the gated norm run on the packed tokens; only the convolution and the
         scan see a part's sequences side by side (padded to its longest), so decode rows never pay for a prefill's
-        padding."""
+        padding. `chunk`: the prefill scan's positions per chunk (None: the config's chunk_size)."""
         c = self.config
         z, xbc, dt = self.in_proj(h).split([c.intermediate_size, c.conv_dim, c.num_heads], dim=-1)
-        y = run_by_parts(parts, lambda part, xbc, dt: self._part(xbc, dt, part, state, layer), xbc, dt)
+        chunk = chunk or c.chunk_size
+        y = run_by_parts(parts, lambda part, xbc, dt: self._part(xbc, dt, part, state, layer, chunk), xbc, dt)
         return self.out_proj(self.norm(y, z).to(h.dtype))
 
-    def _part(self, xbc: torch.Tensor, dt: torch.Tensor, part: StepBatch, state: SlotState, layer: int):
+    def _part(self, xbc: torch.Tensor, dt: torch.Tensor, part: StepBatch, state: SlotState, layer: int, chunk: int):
         """A part's packed xbc (T, conv_dim) and dt (T, heads) -> y (T, d_inner) float32, before the gated norm;
         the part's slots of this `layer` updated in place."""
         c = self.config
@@ -166,7 +167,7 @@ class Mamba2Mixer(nn.Module):
             y, ssm = ssd_step(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], state["ssm"][where])
             y = y[:, None]
         else:
-            y, ssm = ssd_chunked(x, dt, A, B, C, state["ssm"][where], c.chunk_size)
+            y, ssm = ssd_chunked(x, dt, A, B, C, state["ssm"][where], chunk)
         state["ssm"][where] = ssm
         return part.unpad((y + self.D.float()[:, None] * x).flatten(-2))  # (T, d_inner)
 

@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from models.batch import StepBatch
 from models.checkpoint import load_checkpoint
+from models import mamba2
 from models.mamba2 import GatedRMSNorm, Mamba2Config, Mamba2LanguageModel
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
@@ -49,6 +50,22 @@ def test_full_forward_matches_transformers(pair):
     with torch.no_grad():
         want = reference(ids).logits
     torch.testing.assert_close(model(ids), want, **TOL)
+
+
+def test_scan_chunk_sets_the_prefill_scans_chunks_and_not_the_result(pair, monkeypatch):
+    _, model = pair
+    ids = torch.randint(0, VOCAB, (2, 29), generator=torch.Generator().manual_seed(3))
+    want = model(ids)
+    seen = []
+    real = mamba2.ssd_chunked
+    monkeypatch.setattr(mamba2, "ssd_chunked", lambda *args: seen.append(args[-1]) or real(*args))
+    model.scan_chunk = 5
+    try:
+        got = model(ids)
+    finally:
+        model.scan_chunk = None
+    assert seen and set(seen) == {5} and model.config.chunk_size != 5
+    torch.testing.assert_close(got, want, **TOL)
 
 
 @pytest.mark.parametrize("sizes", [[1] * 26, [3] * 8 + [2], [7, 7, 7, 5], [26], [5, 1, 9, 2, 1, 8]],
