@@ -196,9 +196,7 @@ def throughput(s: Settings, reference, loaded: LoadedModel, log) -> dict:
                                                                       tokens=hf_tokens).to_dict()
     runs = interleaved(contenders, s.repeats, log)
     medians = {name: statistics.median(r["tokens_per_s"] for r in results) for name, results in runs.items()}
-    ratios = {f"quill_vs_{name.removeprefix('transformers_')}": medians["quill"] / medians[name]
-              for name in medians if name.startswith("transformers_")}
-    ratios["prefix_caching_on_vs_off"] = medians["quill"] / medians["quill_prefix_caching_off"]
+    ratios = {f"quill_vs_{name}": medians["quill"] / median for name, median in medians.items() if name != "quill"}
     return {
         "workload": {"requests": len(requests), "prompt_len": list(s.prompt_len), "max_tokens": list(s.max_tokens),
                      "static_batches_timed": {b: min(s.max_static_batches, -(-len(requests) // b))
@@ -323,7 +321,8 @@ def decode_step(s: Settings, reference, loaded: LoadedModel, log) -> dict:
 
 
 def run(args: argparse.Namespace, log=print) -> dict:
-    torch.set_num_threads(args.threads or torch.get_num_threads())
+    if args.threads:
+        torch.set_num_threads(args.threads)
     s = SMOKE if args.smoke else Settings()
     s = replace(s, **{k: v for k, v in dict(
         repeats=args.repeats, chat_repeats=args.chat_repeats, serial_requests=args.serial_requests,
@@ -371,10 +370,7 @@ def summary(results: dict) -> str:
             med, ratios = t["median_tokens_per_s"], t["ratios"]
             lines += ["| contender | output tokens/s (median) | Quill / it |", "| --- | --- | --- |"]
             for name, value in med.items():
-                ratio = ratios.get(f"quill_vs_{name.removeprefix('transformers_')}") if name != "quill" else 1.0
-                if name == "quill_prefix_caching_off":
-                    ratio = ratios["prefix_caching_on_vs_off"]
-                lines.append(f"| {name} | {value:,.1f} | {ratio:.2f}x |")
+                lines.append(f"| {name} | {value:,.1f} | {ratios.get(f'quill_vs_{name}', 1.0):.2f}x |")
             g = t["greedy_check"]
             lines.append(f"greedy tokens equal to transformers' for {g['equal']} of {g['requests']} requests")
         if "chat" in out:
