@@ -106,8 +106,10 @@ def drive(engine: EngineCore, requests: list[TokenizedRequest], concurrency: int
             if out.error:
                 raise RuntimeError(f"request {out.request_id} failed: {out.error}")
             counts[out.request_id] += sum(len(c.token_ids) for c in out.outputs)
-            if tokens is not None and out.outputs:
-                tokens.setdefault(out.request_id, []).extend(out.outputs[0].token_ids)
+            if tokens is not None:  # the first sequence's new tokens, if it has any (outputs[0] may be another)
+                for c in out.outputs:
+                    if c.index == 0:
+                        tokens.setdefault(out.request_id, []).extend(c.token_ids)
             in_flight -= out.finished
         if on_tokens is not None and outputs:
             on_tokens()
