@@ -297,17 +297,22 @@ def snapshot_dir(cache: Path, repo_id: str, commit: str = COMMIT) -> Path:
     return cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / commit
 
 
+def new_snapshot(cache: Path, repo_id: str) -> Path:
+    """An empty snapshot directory of `repo_id` at COMMIT in the hub cache `cache`, its main branch pointing there."""
+    snapshot = snapshot_dir(cache, repo_id)
+    snapshot.mkdir(parents=True)
+    refs = snapshot.parent.parent / "refs"
+    refs.mkdir()
+    (refs / "main").write_text(COMMIT)
+    return snapshot
+
+
 def write_hub_cache(cache: Path) -> dict[str, HubCheckpoint]:
     """Every checkpoint of BUILDERS in the hub cache directory `cache` (what HF_HUB_CACHE names)."""
     out = {}
     for repo_id, build in BUILDERS.items():
-        snapshot = snapshot_dir(cache, repo_id)
-        snapshot.mkdir(parents=True)
-        reference = build(snapshot)
-        refs = snapshot.parent.parent / "refs"
-        refs.mkdir()
-        (refs / "main").write_text(COMMIT)
-        out[repo_id] = HubCheckpoint(repo_id, snapshot, reference)
+        snapshot = new_snapshot(cache, repo_id)
+        out[repo_id] = HubCheckpoint(repo_id, snapshot, build(snapshot))
     return out
 
 

@@ -1,5 +1,5 @@
 """Tiny random-weight checkpoints of the state-space, xLSTM and short-convolution families, written by transformers'
-own classes (`save_pretrained`), one module a family: for the model, engine and server tests and the benchmarks."""
+own classes (`save_pretrained`), one module a family, and the checks the model, engine and server tests of these families share."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from models.checkpoint import load_checkpoint
-from tests.hub_checkpoints import COMMIT, snapshot_dir
+from tests.hf_state_models import VOCAB
+from tests.hub_checkpoints import COMMIT, new_snapshot
 
 FAMILIES = {"mamba": {}, "falcon_mamba": {"model_type": "falcon_mamba"}, "mamba2": {}, "xlstm": {}, "lfm2": {}}
 
@@ -17,21 +18,18 @@ FAMILIES = {"mamba": {}, "falcon_mamba": {"model_type": "falcon_mamba"}, "mamba2
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_loads_sharded_by_hub_id(family, tmp_path, monkeypatch):
     repo_id = f"quill-test/tiny-{family.replace('_', '-')}"
-    snapshot = snapshot_dir(tmp_path, repo_id)
-    snapshot.mkdir(parents=True)
+    snapshot = new_snapshot(tmp_path, repo_id)
     module = importlib.import_module(f"tests.hf_state_models.{family.removeprefix('falcon_')}")
     reference = module.save_tiny(snapshot, **FAMILIES[family])
     reference.save_pretrained(snapshot, max_shard_size="20KB")  # shards and their index, as large checkpoints come
     (snapshot / "model.safetensors").unlink(missing_ok=True)
     assert (snapshot / "model.safetensors.index.json").is_file()
-    (snapshot.parent.parent / "refs").mkdir()
-    (snapshot.parent.parent / "refs" / "main").write_text(COMMIT)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     loaded = load_checkpoint(repo_id, device="cpu", dtype="float32")
     assert loaded.name == repo_id and loaded.revision == COMMIT
     assert loaded.architecture == family.removeprefix("falcon_")
-    tokens = torch.randint(0, 300, (2, 20), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = reference(tokens).logits
     torch.testing.assert_close(loaded.model(tokens), want, atol=2e-4, rtol=0)

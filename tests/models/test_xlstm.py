@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from models.batch import StepBatch
 from models.checkpoint import load_checkpoint
-from models.xlstm import HF_DEFAULTS, read_hf_config
+from models.hf import config_from_hf
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.scheduler import SchedulerConfig
 from server.sampling import SamplingParams
@@ -224,7 +224,7 @@ def test_engine_beam_search_matches_transformers_generate(sharp_pair):
 
 
 def config_json(**changes) -> dict:
-    return {**HF_DEFAULTS, "model_type": "xlstm", "vocab_size": V, "hidden_size": 128, "num_heads": 4, **changes}
+    return {"model_type": "xlstm", "vocab_size": V, "hidden_size": 128, "num_heads": 4, **changes}
 
 
 @pytest.mark.parametrize("changes, words", [
@@ -237,14 +237,14 @@ def config_json(**changes) -> dict:
 ])
 def test_unsupported_options_are_refused(changes, words):
     with pytest.raises(ValueError, match=words):
-        read_hf_config(config_json(**changes))
+        config_from_hf(config_json(**changes))
 
 
 def test_the_7b_shape_reads_with_transformers_defaults_and_its_state_size():
     from models.xlstm import XLSTMLanguageModel
 
-    config = read_hf_config({**HF_DEFAULTS, "model_type": "xlstm", "embedding_dim": 4096, "num_blocks": 32,
-                             "chunkwise_kernel": "chunkwise--triton_xl_chunk", "step_kernel": "triton"})
+    config, _ = config_from_hf({"model_type": "xlstm", "embedding_dim": 4096, "num_blocks": 32,
+                                "chunkwise_kernel": "chunkwise--triton_xl_chunk", "step_kernel": "triton"})
     assert (config.d_model, config.n_blocks, config.n_heads, config.qk_dim, config.v_dim, config.ffn_dim) == (
         4096, 32, 8, 2048, 4096, 10944)
     with torch.device("meta"):
