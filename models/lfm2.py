@@ -33,8 +33,7 @@ from .attention import select_attention_backend
 from .batch import StepBatch, run_by_parts, split_decodes
 from .kernels import TORCH_OPS, LayerOps
 from .state import HybridState, PagedKVCache, SlotState
-from .transformer import (MLP, ROPE_SCALING_TYPES, Attention, RMSNorm, TransformerConfig, rope_scaling_type,
-                          rope_tables)
+from .transformer import MLP, Attention, RMSNorm, TransformerConfig, rope_tables
 
 LAYER_TYPES = ("conv", "full_attention")
 
@@ -61,19 +60,15 @@ class Lfm2Config:
     extra: dict = field(default_factory=dict)  # provenance (e.g. the Hugging Face model_type)
 
     def __post_init__(self):
-        self.n_kv_heads = self.n_kv_heads or self.n_heads
-        self.head_dim = self.head_dim or self.d_model // self.n_heads
         self.layer_types = list(self.layer_types)
         unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
         if unknown:
             raise ValueError(f"layer_types {unknown} are not implemented (supported: {', '.join(LAYER_TYPES)})")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.conv_kernel < 1:
             raise ValueError(f"conv_kernel (conv_L_cache) must be at least 1, not {self.conv_kernel}")
-        if rope_scaling_type(self.rope_scaling) not in ROPE_SCALING_TYPES:
-            raise ValueError(f"rope type {rope_scaling_type(self.rope_scaling)!r} is not implemented "
-                             f"(supported: {', '.join(ROPE_SCALING_TYPES)})")
+        # The Transformer's config fills in the heads' defaults and checks them and the RoPE scaling.
+        shared = self.transformer_view()
+        self.n_kv_heads, self.head_dim = shared.n_kv_heads, shared.head_dim
 
     @property
     def n_layers(self) -> int:

@@ -187,7 +187,7 @@ def test_lfm2_350m_config_and_state_sizes():
 
 
 @pytest.mark.parametrize("changes, refused", [
-    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}), "rope type 'yarn'"),
+    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}), "rope_scaling type .* 'yarn'"),
     (dict(layer_types=["conv", "sliding_attention", "conv", "conv", "full_attention"]), "sliding_attention"),
     (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
 ], ids=["yarn-rope", "sliding-attention", "partial-rotary"])
