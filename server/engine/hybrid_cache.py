@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .cache import CacheOp
 from .kv_blocks import KVBlockManager
+from .prefix import block_keys
 from .state_slots import StateSlotManager
 
 
@@ -39,10 +40,13 @@ class HybridCacheManager:
 
     def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int) -> int:
         # The longest snapshot whose tokens' K,V are all cached; the slot manager still sees the whole prompt, to
-        # remember its blocks and pause where it parts from earlier prompts.
-        reach = self.kv.cached_prefix(token_ids, max_cached_tokens)
-        found = self.slots.admit(seq_id, token_ids, max_cached_tokens, reach=reach)
-        self.kv.admit(seq_id, token_ids, found)  # snapshots sit on block boundaries: exactly `found` tokens' blocks
+        # remember its blocks and pause where it parts from earlier prompts. Its blocks are hashed once, for both.
+        size = self.kv.block_size
+        keys = block_keys(token_ids, size, max_cached_tokens // size) if self.kv.enable_prefix_caching else None
+        reach = self.kv.cached_prefix(token_ids, max_cached_tokens, keys)
+        found = self.slots.admit(seq_id, token_ids, max_cached_tokens, reach=reach, keys=keys)
+        # snapshots sit on block boundaries: exactly `found` tokens' blocks
+        self.kv.admit(seq_id, token_ids, found, keys)
         return found
 
     def chunk_limit(self, seq_id: int, num_computed: int, num_prompt_tokens: int) -> int | None:

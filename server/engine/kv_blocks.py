@@ -31,7 +31,8 @@ class KVBlockManager:
         self.cached: dict[BlockKey, int] = {}  # key -> block holding exactly those tokens
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest freed first
         self.tables: dict[int, list[int]] = {}
-        self.keyed: dict[int, tuple[int, BlockKey]] = {}  # seq -> (its leading blocks already keyed, the last key)
+        self.keys: dict[int, list[BlockKey]] = {}  # seq -> the keys of its leading full blocks, as far as hashed
+        self.keyed: dict[int, int] = {}  # seq -> how many of its leading blocks hold their key in the cache
         self.unfinished = UnfinishedKeys()
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # prompt tokens found cached
@@ -53,34 +54,43 @@ class KVBlockManager:
     def block_table(self, seq_id: int) -> list[int]:
         return self.tables[seq_id]
 
-    def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int) -> int:
-        """Start a sequence; reuse cached blocks of its prefix. Returns how many tokens are already computed."""
+    def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int,
+              keys: list[BlockKey] | None = None) -> int:
+        """Start a sequence; reuse cached blocks of its prefix. `keys`: the keys of the prompt's leading full blocks
+        (at least those within `max_cached_tokens`) if known, kept and extended as the sequence's blocks fill (a
+        hybrid's slot manager holds the same list). Returns how many tokens are already computed."""
         table: list[int] = []
         if self.enable_prefix_caching:
             self.prefix_queries += len(token_ids)
-            for key, block in self._cached_blocks(token_ids, max_cached_tokens):
+            keys = self.keys[seq_id] = self._prompt_keys(token_ids, max_cached_tokens) if keys is None else keys
+            table = self._cached_blocks(keys, max_cached_tokens)
+            for block in table:
                 self._take(block)
-                table.append(block)
-                self.keyed[seq_id] = (len(table), key)
+            self.keyed[seq_id] = len(table)
             self.prefix_hits += len(table) * self.block_size
         self.tables[seq_id] = table
         self.table_edits.write(seq_id, 0, table)
         return len(table) * self.block_size
 
-    def _cached_blocks(self, token_ids: list[int], max_cached_tokens: int) -> list[tuple[BlockKey, int]]:
-        """The keys and blocks of the longest cached run of the prompt's leading full blocks."""
-        out = []
-        for key in block_keys(token_ids, self.block_size, max_cached_tokens // self.block_size):
+    def _prompt_keys(self, token_ids: list[int], max_cached_tokens: int) -> list[BlockKey]:
+        return block_keys(token_ids, self.block_size, max_cached_tokens // self.block_size)
+
+    def _cached_blocks(self, keys: list[BlockKey], max_cached_tokens: int) -> list[int]:
+        """The blocks of the longest cached run of the leading full blocks of `keys`, within `max_cached_tokens`."""
+        blocks = []
+        for key in keys[: max_cached_tokens // self.block_size]:
             block = self.cached.get(key)
             if block is None:
                 break
-            out.append((key, block))
-        return out
+            blocks.append(block)
+        return blocks
 
-    def cached_prefix(self, token_ids: list[int], max_cached_tokens: int) -> int:
-        """How many leading tokens `admit` would find cached now, changing nothing."""
-        return len(self._cached_blocks(token_ids, max_cached_tokens)) * self.block_size if self.enable_prefix_caching \
-            else 0
+    def cached_prefix(self, token_ids: list[int], max_cached_tokens: int, keys: list[BlockKey] | None = None) -> int:
+        """How many leading tokens `admit` would find cached now, changing nothing (`keys`: as admit's)."""
+        if not self.enable_prefix_caching:
+            return 0
+        keys = self._prompt_keys(token_ids, max_cached_tokens) if keys is None else keys
+        return len(self._cached_blocks(keys, max_cached_tokens)) * self.block_size
 
     def allocate(self, seq_id: int, num_computed: int, num_new_tokens: int) -> bool:
         """Make room to write tokens [num_computed, num_computed + num_new_tokens). False (and no change) if full."""
@@ -113,18 +123,20 @@ class KVBlockManager:
         """Tokens [0, num_computed) are now in the cache, written by the latest launched step at the latest: key
         their full blocks (prompt or output) for reuse."""
         full = num_computed // self.block_size
-        done, parent = self.keyed.get(seq_id, (0, ROOT))
+        done = self.keyed.get(seq_id, 0)
         if not self.enable_prefix_caching or full <= done:
             return
-        table = self.tables[seq_id]
-        keys = block_keys(token_ids[: full * self.block_size], self.block_size, start=done, parent=parent)
-        for block, key in zip(table[done:full], keys):
+        table, keys = self.tables[seq_id], self.keys.setdefault(seq_id, [])
+        if full > len(keys):  # only blocks never hashed before
+            keys += block_keys(token_ids[: full * self.block_size], self.block_size, start=len(keys),
+                               parent=keys[-1] if keys else ROOT)
+        for block, key in zip(table[done:full], keys[done:full]):
             # A block already keyed keeps its key; tokens already cached in another block keep that one.
             if self.block_key[block] is None and key not in self.cached:
                 self.block_key[block] = key
                 self.cached[key] = block
                 self.unfinished.add(key, self.unfinished.num_launched)
-        self.keyed[seq_id] = (full, keys[-1])
+        self.keyed[seq_id] = full
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent until one of them writes."""
@@ -133,12 +145,14 @@ class KVBlockManager:
             self.ref_counts[block] += 1
         self.tables[child_id] = table
         self.table_edits.write(child_id, 0, table)
-        if parent_id in self.keyed:
+        if parent_id in self.keys:
+            self.keys[child_id] = list(self.keys[parent_id])  # they part from here on
             self.keyed[child_id] = self.keyed[parent_id]
 
     def free(self, seq_id: int) -> None:
         if seq_id in self.tables:  # a request aborted while it waited holds none
             self.table_edits.free(seq_id)
+        self.keys.pop(seq_id, None)
         self.keyed.pop(seq_id, None)
         for block in reversed(self.tables.pop(seq_id, [])):  # tail first: evicted before the shared prefix
             self._release(block)
@@ -159,6 +173,7 @@ class KVBlockManager:
         unkeyed = [block for block, key in enumerate(self.block_key) if key is None]
         self.free_blocks = OrderedDict.fromkeys([*unkeyed, *self.free_blocks, *range(self.num_blocks)])
         self.tables.clear()
+        self.keys.clear()
         self.keyed.clear()
         self.ops.clear()
 

@@ -104,17 +104,21 @@ class StateSlotManager:
 
     # ---- sequences ---------------------------------------------------------------
 
-    def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int, reach: int | None = None) -> int:
+    def admit(self, seq_id: int, token_ids: list[int], max_cached_tokens: int, reach: int | None = None,
+              keys: list[BlockKey] | None = None) -> int:
         """Give a sequence a slot, started from the longest snapshotted prefix of at most `max_cached_tokens` tokens
-        (and at most `reach`: a hybrid's tokens whose K,V blocks are still cached). Returns tokens already computed."""
+        (`reach` instead: a hybrid's tokens whose K,V blocks are still cached, fewer). `keys`: the keys of the
+        prompt's leading full blocks within `max_cached_tokens`, if known. Returns tokens already computed."""
         slot = self._take_slot()
         self.slots[seq_id] = slot
         self.table_edits.write(seq_id, 0, (slot,))
         found, snapshot = 0, None
         if self.enable_prefix_caching:
             self.prefix_queries += len(token_ids)
-            keys = self.keys[seq_id] = block_keys(token_ids, self.interval, max_cached_tokens // self.interval)
-            limit = max_cached_tokens if reach is None else min(max_cached_tokens, reach)
+            if keys is None:
+                keys = block_keys(token_ids, self.interval, max_cached_tokens // self.interval)
+            self.keys[seq_id] = keys
+            limit = max_cached_tokens if reach is None else reach
             hit = self._longest_snapshot(token_ids, limit, keys)
             if hit is not None:
                 found, key = hit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from server.engine import hybrid_cache, kv_blocks, prefix, state_slots
 from server.engine.core import EngineCore
 
 
@@ -53,3 +54,17 @@ def scripted_engine(tokenizer, state_kind: str = "paged_kv", logits_fn=None, max
         CacheConfig(block_size=block_size, num_blocks=num_blocks),
         async_scheduling=async_scheduling,
     ))
+
+
+def record_hashed_blocks(monkeypatch) -> list:
+    """Every block key the cache managers hash from now on (one entry per hashing), in a list."""
+    hashed = []
+
+    def recording(*args, **kwargs):
+        keys = prefix.block_keys(*args, **kwargs)
+        hashed.extend(keys)
+        return keys
+
+    for module in (hybrid_cache, kv_blocks, state_slots):
+        monkeypatch.setattr(module, "block_keys", recording)
+    return hashed

@@ -12,7 +12,7 @@ from server.engine.prefix import block_keys
 from server.engine.state_kinds import KVBlocks, Slots, StateLayout
 from server.engine.state_slots import StateSlotManager
 from server.sampling import SamplingParams
-from tests.server.engine.helpers import run_to_completion, scripted_engine
+from tests.server.engine.helpers import record_hashed_blocks, run_to_completion, scripted_engine
 
 BLOCK = 4
 
@@ -87,6 +87,17 @@ def test_prompts_that_part_after_a_shared_prefix_save_a_state_where_they_part():
     assert run_prompt(cache, 2, system + [9] * 7) == 0 and cache.slots.stop_at == {2: 8}
     cache.free(2)
     assert run_prompt(cache, 3, system + [8] * 7) == 8  # every later prompt resumes there
+
+
+def test_a_prompts_blocks_are_hashed_once_for_both_kinds(monkeypatch):
+    hashed = record_hashed_blocks(monkeypatch)
+    cache = manager()
+    prompt = list(range(1, 23))  # five whole blocks
+    run_prompt(cache, 1, prompt)
+    assert len(hashed) == len(set(hashed)) == 5
+    hashed.clear()
+    cache.free(1)
+    assert run_prompt(cache, 2, prompt + [99]) == 20 and len(hashed) == 5  # a hit hashes the prompt once too
 
 
 def test_layout_allocates_both_and_locates_each_sequences_share():

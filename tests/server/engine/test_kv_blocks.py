@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from server.engine.kv_blocks import KVBlockManager
+from tests.server.engine.helpers import record_hashed_blocks
 
 
 class Copies:
@@ -124,3 +125,17 @@ def test_a_reset_takes_back_the_keys_no_finished_step_wrote_and_keeps_the_rest()
     assert m.num_free_blocks == 8 and m.usage == 0
     assert m.admit(3, first, 8) == 8  # written by a finished step: still cached
     assert m.admit(4, second, 8) == 0  # its step never finished: maybe never written
+
+
+def test_a_sequences_blocks_are_hashed_once_from_admission_to_its_last_token(monkeypatch):
+    hashed = record_hashed_blocks(monkeypatch)
+    m, _ = manager()
+    tokens = list(range(1, 11))
+    m.admit(1, tokens, 9)  # two full blocks within reach
+    assert m.allocate(1, 0, 10)
+    m.commit(1, tokens, 10, 10)
+    for n in range(11, 14):  # decode into a third block
+        tokens.append(n)
+        assert m.allocate(1, n - 1, 1)
+        m.commit(1, tokens, n, 10)
+    assert len(hashed) == len(set(hashed)) == 3
