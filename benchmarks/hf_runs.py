@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 from transformers.generation.streamers import BaseStreamer
@@ -78,7 +79,7 @@ def generate_batch(model, requests: list[TokenizedRequest], pad_id: int, streame
     if out.shape[1] - width != longest:
         raise RuntimeError(f"generate() stopped after {out.shape[1] - width} of {longest} tokens")
     if tokens is not None:
-        first_rows = [sum(q.num_returned for q in requests[:i]) for i in range(len(requests))]
+        first_rows = accumulate((r.num_returned for r in requests), initial=0)  # a request's rows follow its own
         for row, r in zip(first_rows, requests):
             tokens[r.request_id] = out[row, width:width + r.max_tokens].tolist()
     return longest * sum(r.num_returned for r in requests)
