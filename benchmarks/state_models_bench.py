@@ -143,7 +143,7 @@ def interleaved(contenders: dict, repeats: int, log) -> dict[str, list]:
         for name, fn in contenders.items():
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             results[name].append(fn())
-            # memory the process had to map afresh: glibc hands large freed blocks back to the OS (see the README)
+            # memory the process had to map afresh: glibc hands large freed blocks back to the OS (benchmarks/README.md)
             results[name][-1]["minor_page_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
             log(f"  repeat {repeat + 1}/{repeats}: {name}: {describe_result(results[name][-1])}")
     return results
