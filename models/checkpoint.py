@@ -94,11 +94,15 @@ def resolve_checkpoint_path(name_or_path: str | Path) -> Path:
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """The device asked for, a CUDA one always with its index (streams, graphs and set_device need one)."""
     if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but no CUDA device is available")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was asked for but no CUDA device is available")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 

@@ -13,5 +13,6 @@ import torch
 
 def make_current(device: torch.device) -> None:
     """Make `device` the calling thread's current CUDA device (nothing to do off CUDA)."""
-    if device.type == "cuda":
+    # An index-less "cuda" is the current device by definition (and set_device refuses it).
+    if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)

@@ -17,7 +17,7 @@ import threading
 import pytest
 import torch
 
-from models.checkpoint import LoadedModel
+from models.checkpoint import LoadedModel, resolve_device
 from server.engine import memory, runner
 from server.engine.core import CacheConfig, EngineConfig, EngineCore
 from server.engine.core_loop import CoreLoop
@@ -52,9 +52,16 @@ def _read_back(arrival) -> list[list[float]]:
 
 @pytest.fixture(autouse=True)
 def made_current(monkeypatch) -> list[tuple[str, torch.device]]:
-    """(thread name, device) of every torch.cuda.set_device."""
+    """(thread name, device) of every torch.cuda.set_device, which refuses a device without an index as
+    PyTorch's does."""
     calls = []
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append((threading.current_thread().name, d)))
+
+    def set_device(device):
+        if isinstance(device, torch.device) and device.index is None:
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        calls.append((threading.current_thread().name, device))
+
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
     return calls
 
 
@@ -128,8 +135,25 @@ def test_cache_sized_by_profiling_steps_on_cuda(monkeypatch, tiny_tokenizer):
     assert [t.device for t in profiled] == [CUDA, CUDA]
 
 
+def test_an_engine_on_cuda_without_an_index_is_built_and_stepped(tiny_tokenizer, host_reads, made_current):
+    """`--device cuda` means the current GPU: nothing to make current, and nothing set_device refuses."""
+    with fake_cuda():
+        engine = cuda_engine("transformer-llama", tiny_tokenizer, device=torch.device("cuda"))
+        CoreLoop(engine)
+    assert made_current == []
+
+
+def test_cuda_is_resolved_to_the_current_gpu_with_its_index(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert resolve_device("cuda") == resolve_device("auto") == torch.device("cuda", 3)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+
+
 def test_a_second_gpu_is_made_current_where_its_engine_is_built_and_stepped(tiny_tokenizer, host_reads, made_current):
     """Events, graph capture and Triton launches follow the thread's current GPU, not the tensors'."""
+    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
+        pytest.skip("a real CUDA runtime refuses a second GPU that this machine does not have, even faked")
     second = torch.device("cuda", 1)
     with fake_cuda():
         engine = cuda_engine("transformer-llama", tiny_tokenizer, device=second)
