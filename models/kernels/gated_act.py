@@ -11,8 +11,9 @@ import triton
 import triton.language as tl
 
 BLOCK = 1024  # columns per program
-SQRT_2_OVER_PI = 0.7978845608028654
-SQRT_1_2 = 0.7071067811865476
+# constexpr: a compiled kernel may read no other globals (the interpreter does not check)
+SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+SQRT_1_2 = tl.constexpr(0.7071067811865476)
 
 # Activation name (models/kernels/torch_ops.py ACTIVATIONS) -> the kernel's ACTIVATION code.
 KERNEL_ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
