@@ -31,6 +31,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 TEST_DEVICE = torch.device(os.environ.get("QUILL_TEST_DEVICE", "cpu"))
+if TEST_DEVICE.type == "cuda":
+    # Full float32 on CUDA: cuDNN's convolutions and RNNs round inputs to TF32 by default (errors near 1e-3),
+    # which would hide real differences between a model's full forward and its serving step.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if KERNEL_DEVICE.type == "cpu":
     # Read by triton.jit when a kernel module is imported, which happens only once a test runs a kernel.

@@ -12,7 +12,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
 
-from tests.conftest import LiveServer
+from tests.conftest import TEST_DEVICE, LiveServer
 from tests.hub_checkpoints import COMMIT, reference_chat
 
 LLAMA = "quill-test/tiny-llama-chat"
@@ -140,4 +140,4 @@ def test_get_endpoint_info(server):
     info = InferenceClient(server.url, provider="hf-inference").get_endpoint_info()
     assert info["model_id"] == LLAMA and info["model_sha"] == COMMIT
     assert info["max_total_tokens"] == 128 and info["max_input_tokens"] == 127
-    assert info["model_device_type"] == "cpu" and info["version"]
+    assert info["model_device_type"] == TEST_DEVICE.type and info["version"]

@@ -74,8 +74,10 @@ def test_engine_on_a_fake_gpu_sizes_its_cache_from_the_fraction(monkeypatch, tin
     loaded = loaded_model("transformer-llama", tiny_tokenizer)
     FakeCuda(monkeypatch, held=0, peak=GiB, free=79 * GiB, reserved=0)
     monkeypatch.setattr(memory, "_device", lambda model: torch.device("cuda"))
+    # eager: on a real GPU the engine would capture graphs, whose memory the fake readings cannot see
     engine = EngineCore(loaded, EngineConfig(SchedulerConfig(max_num_batched_tokens=64),
-                                             CacheConfig(block_size=16, gpu_memory_utilization=0.05)))
+                                             CacheConfig(block_size=16, gpu_memory_utilization=0.05),
+                                             enforce_eager=True))
     expected = int(80 * GiB * 0.05) - loaded.num_parameters * 4 - GiB - GiB  # weights, activations, CUDA context
     per_block = engine.state.bytes_per_block
     assert engine.state.num_blocks == expected // per_block
