@@ -106,6 +106,14 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return device
 
 
+def keep_float32_exact(device: torch.device, dtype: torch.dtype) -> None:
+    """A float32 model on CUDA computes in float32: cuDNN rounds convolutions' and LSTMs' inputs to TF32 by default
+    (matmuls already stay float32), so an engine would answer differently from its own full forward, and from
+    another process's engine. Process-wide, and harmless beside bf16 or fp16 models: TF32 is for float32 only."""
+    if device.type == "cuda" and dtype == torch.float32:
+        torch.backends.cudnn.allow_tf32 = False
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -214,6 +222,7 @@ def load_checkpoint(
         raise CheckpointError(path / WEIGHTS_FILE, "missing file")
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
+    keep_float32_exact(device, dtype)
     architecture, config, eos_ids, metadata = read_config(path / CONFIG_FILE)
     generation = read_generation_config(path)
     eos_ids += [i for i in generation.eos_token_ids if i not in eos_ids]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from models.checkpoint import CheckpointError, keep_float32_exact, load_checkpoint, save_checkpoint
 from models.tokenizer import Tokenizer
 from tests.conftest import TEST_DEVICE, TINY_CONFIGS, build_hf_tokenizer, build_tiny_model
 
@@ -128,3 +128,12 @@ def test_pickle_is_never_loaded(tmp_path):
     (tmp_path / "model.safetensors").unlink()
     torch.save({"embed.weight": torch.zeros(1)}, tmp_path / "pytorch_model.bin")
     expect_error(tmp_path, "model.safetensors", "missing file")
+
+
+def test_a_float32_model_on_cuda_turns_cudnn_tf32_off(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    keep_float32_exact(torch.device("cuda", 0), torch.bfloat16)
+    keep_float32_exact(torch.device("cpu"), torch.float32)
+    assert torch.backends.cudnn.allow_tf32
+    keep_float32_exact(torch.device("cuda", 0), torch.float32)
+    assert not torch.backends.cudnn.allow_tf32
