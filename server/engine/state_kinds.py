@@ -77,7 +77,8 @@ class KVBlocks(StateKind):
         return tensors.bytes_per_block * tensors.num_blocks
 
     def describe(self, tensors) -> str:
-        return (f"{tensors.num_blocks * tensors.block_size} tokens of K,V in blocks of {tensors.block_size}, "
+        """What sequences can use: not the scratch block that graphs' padding rows write to."""
+        return (f"{self.num_blocks * self.block_size} tokens of K,V in blocks of {self.block_size}, "
                 f"attention {tensors.attention.name}")
 
 

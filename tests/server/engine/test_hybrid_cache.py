@@ -154,3 +154,4 @@ def test_a_hybrids_blocks_take_the_cache_bytes_its_slots_leave():
     slot_bytes = slots.bytes_per_slot * slots.num_slots
     assert kv.num_blocks == (budget - slot_bytes) // kv.bytes_per_block + 1
     assert layout.num_bytes - kv.bytes_per_block <= budget  # all but the spare block within the budget
+    assert f"{(kv.num_blocks - 1) * BLOCK} tokens of K,V" in layout.describe()  # what sequences can use
