@@ -201,7 +201,9 @@ class LiveServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 180.0 if TEST_DEVICE.type == "cuda" else 60.0) -> None:
+        # on a GPU each model loads in an engine process of its own, profiles its memory and captures graphs:
+        # five state models took over a minute on the H100
         try:
             wait_until_ready(self.url, timeout, still_starting=lambda: self.process.poll() is None)
         except RuntimeError:

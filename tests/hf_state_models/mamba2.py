@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import build_hf_tokenizer
@@ -25,6 +27,9 @@ def save_tiny(directory: str | Path, **config_changes):
     directory = Path(directory)
     torch.manual_seed(0)
     config = transformers.Mamba2Config(**{**TINY, **config_changes})
+    if config.n_groups > 1 and not norms_by_group(transformers):
+        pytest.skip(f"transformers {transformers.__version__} normalises Mamba-2's gated norm over all groups at "
+                    "once (mamba_ssm and later transformers, like Quill, per group): no reference for n_groups > 1")
     model = transformers.Mamba2ForCausalLM(config).float().eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -35,3 +40,9 @@ def save_tiny(directory: str | Path, **config_changes):
     model.save_pretrained(directory)
     build_hf_tokenizer(VOCAB).save(str(directory / "tokenizer.json"))
     return model
+
+
+def norms_by_group(transformers) -> bool:
+    """Whether this transformers' Mamba-2 gated RMSNorm is taken per group of heads (found missing in 5.17)."""
+    norm = transformers.models.mamba2.modeling_mamba2.MambaRMSNormGated
+    return "group_size" in inspect.signature(norm.__init__).parameters

@@ -120,7 +120,11 @@ def test_prompt_in_chunks_then_single_steps_equal_full_forward(model, sizes):
 
 
 def state_tolerance(model) -> dict:
-    return dict(atol=1e-6, rtol=1e-4) if model.lm_head.weight.dtype == torch.float32 else dict(atol=1e-12, rtol=1e-9)
+    weight = model.lm_head.weight
+    if weight.dtype != torch.float32:
+        return dict(atol=1e-12, rtol=1e-9)
+    # CUDA's matmuls sum in another order: a few elements of the H100's float32 states were 4e-6 apart
+    return dict(atol=1e-5 if weight.device.type == "cuda" else 1e-6, rtol=1e-4)
 
 
 def test_a_chunk_leaves_the_state_one_full_pass_leaves(model):

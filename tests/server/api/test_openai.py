@@ -223,7 +223,9 @@ async def test_queue_full_gets_429_with_retry_after(tiny_checkpoints):
     import asyncio
     import threading
 
-    config = server_config(tiny_checkpoints, max_queue=1, models=[f"m={tiny_checkpoints['tiny-lstm']}"])
+    # on a thread (a GPU's default is a process), so that the test can hold its steps
+    config = server_config(tiny_checkpoints, max_queue=1, models=[f"m={tiny_checkpoints['tiny-lstm']}"],
+                           engine_process=False)
     host = ModelHost.load(config)
     engine = host.get("m").engine
     paused = threading.Event()

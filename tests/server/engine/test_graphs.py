@@ -42,9 +42,10 @@ ARRIVALS = [
 ]
 
 
-def graph_capture():
-    """The capture layer under test: the engine's own CUDA graphs on a GPU, else the emulation."""
-    return None if TEST_DEVICE.type == "cuda" else EmulatedGraphs()
+def graph_capture(device: torch.device):
+    """The capture layer under test: the engine's own CUDA graphs for a model on a GPU, else the emulation (some
+    tests keep their model on the CPU whatever the test device is)."""
+    return None if device.type == "cuda" else EmulatedGraphs()
 
 
 def make_engine(loaded, graphs: bool, max_num_seqs: int = 16, prefix: bool = True,
@@ -52,7 +53,7 @@ def make_engine(loaded, graphs: bool, max_num_seqs: int = 16, prefix: bool = Tru
     config = EngineConfig(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=48),
                           CacheConfig(block_size=BLOCK_SIZE, num_blocks=256, enable_prefix_caching=prefix),
                           enforce_eager=not graphs, async_scheduling=async_scheduling)
-    return EngineCore(loaded, config, max_model_len=64, graph_capture=graph_capture() if graphs else None)
+    return EngineCore(loaded, config, max_model_len=64, graph_capture=graph_capture(loaded.device) if graphs else None)
 
 
 def record_replays(engine) -> list[tuple[int, int]]:
