@@ -16,6 +16,7 @@ from itertools import accumulate
 import torch
 
 from ..batch import StepBatch
+from ..host_copy import to_device
 from .backend import slot_mapping, write_kv
 
 # Query tokens per tile when some sequence brings more than one (prefill chunks). Decode-only steps
@@ -64,8 +65,8 @@ class TritonPagedAttention:
             tile_seqs += [seq] * len(starts)
             tile_starts += starts
         num_seqs, num_tiles = len(lens), len(tile_seqs)
-        host = torch.tensor([0, *accumulate(lens), *tile_seqs, *tile_starts], dtype=torch.int32)
-        packed = host.to(batch.positions.device)  # one host-to-device copy for all three
+        # one queued host-to-device copy for all three (a blocking one stalled the host every prefill step)
+        packed = to_device([0, *accumulate(lens), *tile_seqs, *tile_starts], batch.positions.device, torch.int32)
         return cls(
             slot_mapping=slot_mapping(batch, block_size),
             positions=batch.positions,

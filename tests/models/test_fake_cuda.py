@@ -19,7 +19,7 @@ from models.hf_families import FAMILIES
 from models.lstm import LSTMLanguageModel
 from models.registry import ARCHITECTURES
 from tests.conftest import TINY_CONFIGS
-from tests.fake_cuda import CUDA, assert_on_cuda, fake_cuda, fake_model
+from tests.fake_cuda import CUDA, assert_on_cuda, fake_cuda, fake_model, waiting_copies
 from tests.models.test_incremental import BLOCK_SIZE, Cache
 
 pytestmark = pytest.mark.filterwarnings("ignore:PyTorch was compiled without cuDNN")  # nn.LSTM on CUDA asks
@@ -105,7 +105,9 @@ def test_triton_backend_builds_its_step_metadata_on_cuda(query_lens):
     with fake_cuda():
         tables = [[0, 1], [2, 3], [4]]
         batch = StepBatch.build([[7] * n for n in query_lens], [0, 0, 3], block_tables=tables, device=CUDA)
-        meta = TritonPagedAttention.build(batch, BLOCK_SIZE)
+        with waiting_copies() as waiting:  # a copy that waits for the GPU would stall the host every prefill step
+            meta = TritonPagedAttention.build(batch, BLOCK_SIZE)
+        assert waiting == []
         assert_on_cuda(meta.slot_mapping, meta.positions, meta.block_tables, meta.seq_starts, meta.tile_seqs,
                        meta.tile_starts)
         assert meta.seq_starts.dtype == meta.tile_seqs.dtype == torch.int32
