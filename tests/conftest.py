@@ -21,7 +21,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from clients.ready import wait_until_ready
-from models.checkpoint import save_checkpoint
+from models.checkpoint import keep_float32_exact, save_checkpoint
 from models.registry import ARCHITECTURES
 from models.tokenizer import Tokenizer
 
@@ -31,11 +31,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 TEST_DEVICE = torch.device(os.environ.get("QUILL_TEST_DEVICE", "cpu"))
-if TEST_DEVICE.type == "cuda":
-    # Full float32 on CUDA: cuDNN's convolutions and RNNs round inputs to TF32 by default (errors near 1e-3),
-    # which would hide real differences between a model's full forward and its serving step.
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+# Full float32 on CUDA, as load_checkpoint makes it for a float32 model: TF32's rounding (errors near 1e-3) would
+# hide real differences between a model's full forward and its serving step. Tests build most models directly.
+keep_float32_exact(TEST_DEVICE, torch.float32)
 KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if KERNEL_DEVICE.type == "cpu":
     # Read by triton.jit when a kernel module is imported, which happens only once a test runs a kernel.
