@@ -177,7 +177,8 @@ class _Tokens:
 
     def generated(self, decoder: IncrementalDecoder, token_id: int, logprob: float | None, is_last: bool) -> dict:
         """The next token of a sequence: its text continues the previous tokens' (a split UTF-8 character
-        is held back until completed, or flushed with the last token)."""
+        is held back until completed, or flushed with the last token). A special token's text then starts with
+        the U+FFFD it ends, which generated_text shows too."""
         text = decoder.push(token_id) + (decoder.flush() if is_last else "")
         return {"id": token_id, "text": text, "logprob": logprob, "special": token_id in self.special_ids}
 

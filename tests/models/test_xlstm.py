@@ -123,8 +123,9 @@ def state_tolerance(model) -> dict:
     weight = model.lm_head.weight
     if weight.dtype != torch.float32:
         return dict(atol=1e-12, rtol=1e-9)
-    # CUDA's matmuls sum in another order: a few elements of the H100's float32 states were 4e-6 apart
-    return dict(atol=1e-5 if weight.device.type == "cuda" else 1e-6, rtol=1e-4)
+    # A chunk's matmul sums in another order than one token's, by how many threads and which vector units the
+    # machine has: a few elements of float32 states were 4e-6 apart on a 16-core host (and on the H100)
+    return dict(atol=1e-5, rtol=1e-4)
 
 
 def test_a_chunk_leaves_the_state_one_full_pass_leaves(model):

@@ -27,9 +27,22 @@ def sse_events(text: str) -> list[dict]:
     return events
 
 
+SPECIAL_TEXTS = {0: "<|endoftext|>"}  # the tiny models' one special token (tests.conftest.build_hf_tokenizer)
+
+
 def visible_text(tokens: list[dict]) -> str:
-    """What TGI's generated_text holds: every token's text but the special ones'."""
-    return "".join(t["text"] for t in tokens if not t["special"])
+    """What TGI's generated_text holds: every token's text but the special ones' own. What a special token's
+    text carries before its own is what the tokens before it held back: a character they left unfinished, which
+    the special token ends (shown as U+FFFD)."""
+    texts = []
+    for t in tokens:
+        if t["special"]:
+            own = SPECIAL_TEXTS[t["id"]]
+            assert t["text"].endswith(own), t
+            texts.append(t["text"].removesuffix(own))
+        else:
+            texts.append(t["text"])
+    return "".join(texts)
 
 
 async def generate(client, inputs="To be, or not", route="/generate", model=None, stream=None, **parameters):
@@ -466,6 +479,22 @@ async def test_engine_failure_mid_stream_ends_with_an_error_event(client, defaul
     assert events[0]["token"]["id"] == 65 and events[0]["generated_text"] is None
     assert set(events[1]) == {"error", "error_type"} and events[1]["error_type"] == "generation"
     assert scripted.closed
+
+
+async def test_a_character_cut_short_by_eos_is_streamed_as_generated_text_shows_it(client, default_engine,
+                                                                                   monkeypatch):
+    """The last byte-level token starts a two-byte character and EOS follows: generated_text ends in U+FFFD, and
+    the EOS event (special, so hidden by clients that show text) carries it before its own text."""
+    first_byte_of_e_acute = 103  # "é" is bytes C3 A9, tokens 103 and 159 in the tiny byte-level vocabulary
+    scripted = ScriptedStream([
+        RequestOutput("r", [CompletionOutput(0, "", [65, first_byte_of_e_acute])], False, 3),
+        RequestOutput("r", [CompletionOutput(0, "", [0], None, "stop")], True, 3),
+    ])
+    monkeypatch.setattr(default_engine, "submit", lambda *a, **k: scripted)
+    events = await stream_events(client, max_new_tokens=5, details=True)
+    assert_stream(events, details=True)
+    assert [e["token"]["text"] for e in events] == ["a", "", "\ufffd<|endoftext|>"]
+    assert events[-1]["generated_text"] == "a\ufffd" and events[-1]["details"]["finish_reason"] == "eos_token"
 
 
 async def test_engine_failure_without_streaming_is_500(client, default_engine, monkeypatch):

@@ -30,6 +30,11 @@ def spec(path: str, name: str = "m", config: EngineConfig = CONFIG) -> CoreSpec:
     return CoreSpec(name, path, dict(device=str(TEST_DEVICE), dtype="float32"), config)
 
 
+def load(path: str):
+    """In this process, as `spec` loads it in the engine's (dtype "auto" would be bf16 on a GPU)."""
+    return load_checkpoint(path, device=TEST_DEVICE, dtype="float32")
+
+
 async def run(engine, prompts, params):
     async def one(prompt):
         text, ids = "", []
@@ -51,7 +56,7 @@ def process_engine(tiny_checkpoints):
 def test_same_outputs_as_the_thread_engine(process_engine, tiny_checkpoints):
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8]]
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
-    thread_engine = AsyncEngine(load_checkpoint(tiny_checkpoints["tiny-transformer"], device=TEST_DEVICE), CONFIG)
+    thread_engine = AsyncEngine(load(tiny_checkpoints["tiny-transformer"]), CONFIG)
     thread_engine.start()
     try:
         expected = asyncio.run(run(thread_engine, prompts, params))
@@ -166,7 +171,7 @@ def test_a_dead_engine_process_fails_open_streams_and_new_requests(tiny_checkpoi
 
 def read_after_the_engine_finishes(tiny_checkpoints, params: SamplingParams) -> list:
     """One request's outputs, read once at the start and then only after the engine has finished it."""
-    engine = AsyncEngine(load_checkpoint(tiny_checkpoints["tiny-lstm"], device=TEST_DEVICE), CONFIG)
+    engine = AsyncEngine(load(tiny_checkpoints["tiny-lstm"]), CONFIG)
     engine.start()
 
     async def main():
@@ -193,7 +198,7 @@ def test_waiting_outputs_are_read_as_one(tiny_checkpoints):
 
 
 def test_out_of_memory_in_a_step_fails_its_requests_clearly(tiny_checkpoints, monkeypatch):
-    engine = AsyncEngine(load_checkpoint(tiny_checkpoints["tiny-lstm"], device=TEST_DEVICE), CONFIG)
+    engine = AsyncEngine(load(tiny_checkpoints["tiny-lstm"]), CONFIG)
 
     def out_of_memory(batch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
