@@ -16,6 +16,9 @@ transformers, so all run the same weights. Then the parts, in this order, each m
            kernel launches and wall time per step (on the CPU: CPU time inside torch operators)
   http     the same requests over HTTP: the real server (`quill serve`, flags from `--server-arg`
            too) on a loopback port, with `quill bench`'s load generator
+  sizing   the real server again, its cache sized by --gpu-memory-utilization instead of fitted to the
+           workload, under a burst of `sizing_seconds` with 256 streams in flight: none may fail or run out
+           of memory, and the server's log line says how many tokens its cache holds
   hf       transformers `generate()` on the same requests in static left-padded batches
            (`--hf-batch-size`), and one request alone
 
@@ -40,9 +43,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import httpx
 import torch
 
 from clients.bench import report as load_report
+from clients.bench.runner import run_workload
 from clients.bench.workload import BenchRequest, TargetModel, WorkloadSpec, build_requests
 from models.checkpoint import LoadedModel, load_checkpoint, resolve_device, resolve_dtype
 from server.config import ServerConfig
@@ -55,7 +60,7 @@ from .gpu_settings import PRESETS, SHAPES, GpuBenchSettings, Shape
 from .hardware import describe_device, describe_machine, load_average, read_bandwidth
 from .hf_models import hf_model_for, max_logit_difference, pad_token_id
 from .http_bench import send_workload
-from .server_process import free_port, running_server, serve_command, with_serve_args
+from .server_process import free_port, running_server, serve_command, server_process, with_serve_args
 from .step_profile import decode_requests, profile_decode
 from .timing import DecodeTiming
 from .tokenized import TokenizedRequest, tokenize
@@ -185,6 +190,37 @@ def http_part(r: ShapeRun) -> None:
     r.record("http", **load_report.summarize(run))
 
 
+def sizing_part(r: ShapeRun) -> None:
+    """The real server sizing its cache from --gpu-memory-utilization (no --cache-bytes), then a burst of
+    `sizing_seconds` with `concurrency` streamed requests in flight, a new one as each ends: every answered
+    request must succeed, no step may run out of memory, and the server must stay healthy."""
+    s, extra = r.settings, r.options.server_args
+    server = replace(r.server, cache_bytes=None, port=free_port())
+    spec = replace(_spec(s, r.name), num_requests=s.concurrency * 40)  # more than the burst can answer
+    requests = build_requests(spec, {r.name: _target(r.loaded)}, salt=5)
+    r.record("sizing", command=["python", *serve_command(server)[1:], *extra], seconds=s.sizing_seconds)
+    with tempfile.TemporaryFile(mode="w+") as output:
+        with server_process(server, s.ready_timeout, extra_args=extra, output=output) as (url, _):
+            r.options.log(f"{r.name}: {s.sizing_seconds:.0f} s burst, {s.concurrency} streams at a time ...")
+            run = asyncio.run(run_workload(url, requests, concurrency=s.concurrency, rate=None, stream=True,
+                                           ignore_eos=True, duration=s.sizing_seconds, progress=False, label="burst"))
+            health = httpx.get(f"{url}/health", timeout=10).status_code
+            device_used = _device_memory_used(r.loaded.device)
+        output.seek(0)
+        log = output.read()
+    r.record("sizing", cache=[line for line in log.splitlines() if "cache reserved" in line],
+             out_of_memory_in_log="out of memory" in log.lower(), health_after=health,
+             device_memory_used_after=device_used, **load_report.summarize(run))
+
+
+def _device_memory_used(device: torch.device) -> float | None:
+    """The fraction of the device's memory in use by every process, as the driver counts it."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return 1 - free / total
+
+
 def hf_part(r: ShapeRun) -> None:
     hf_model, how = hf_model_for(r.loaded)
     r.record("hf", model=how, max_logit_difference=max_logit_difference(r.loaded, hf_model))
@@ -195,7 +231,8 @@ def hf_part(r: ShapeRun) -> None:
     r.record("hf", batch1=_median_of_repeats(_batch1_requests(r), lambda q: hf_runs.decode(hf_model, q, pad)))
 
 
-PARTS = {"engine": engine_part, "batch1": batch1_part, "profile": profile_part, "http": http_part, "hf": hf_part}
+PARTS = {"engine": engine_part, "batch1": batch1_part, "profile": profile_part, "http": http_part,
+         "sizing": sizing_part, "hf": hf_part}
 
 
 # ---- one shape, then the whole run -------------------------------------------------------

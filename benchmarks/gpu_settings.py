@@ -69,6 +69,7 @@ class GpuBenchSettings:
     block_size: int = 16
     ready_timeout: float = 600.0  # seconds for the server to load the model and answer /ready
     duration: float = 900.0  # cap on the HTTP run, seconds
+    sizing_seconds: float = 30.0  # the burst against a server whose cache --gpu-memory-utilization sized
 
     def __post_init__(self):
         if min(self.num_requests, self.concurrency, self.batch1_repeats, self.profile_seqs, self.profile_steps) < 1:
@@ -84,6 +85,6 @@ SMOKE = GpuBenchSettings(
     "smoke", shapes=dict(TINY_SHAPES), num_requests=4, concurrency=4, prompt_lens=(3, 8), max_tokens=(2, 5),
     warmup_requests=1, batch1_prompt_len=4, batch1_new_tokens=4, batch1_repeats=2, profile_seqs=4,
     profile_warm_steps=1, profile_steps=3, bandwidth_bytes=2**20, bandwidth_repeats=2, ready_timeout=120.0,
-    duration=120.0,
+    duration=120.0, sizing_seconds=3.0,
 )
 PRESETS = {s.name: s for s in (FULL, SMOKE)}

@@ -17,7 +17,8 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from typing import IO
+from contextlib import contextmanager, nullcontext
 
 from clients.ready import wait_until_ready
 from server.config import ServerConfig, add_serve_arguments, config_from_args
@@ -34,8 +35,9 @@ def serve_command(config: ServerConfig) -> list[str]:
     args = [sys.executable, "-m", "quill.cli", "serve", "--host", config.host, "--port", str(config.port),
             "--device", config.device, "--dtype", config.dtype, "--max-num-seqs", str(config.max_num_seqs),
             "--max-num-batched-tokens", str(config.max_num_batched_tokens), "--max-queue", str(config.max_queue),
-            "--cache-bytes", str(config.cache_bytes), "--block-size", str(config.block_size),
-            "--max-tokens-limit", str(config.max_tokens_limit)]
+            "--block-size", str(config.block_size), "--max-tokens-limit", str(config.max_tokens_limit)]
+    if config.cache_bytes is not None:  # else sized from the GPU (--gpu-memory-utilization), or the default
+        args += ["--cache-bytes", str(config.cache_bytes)]
     for spec in config.models:
         args += ["--model", spec]
     if not config.enable_prefix_caching:
@@ -96,18 +98,20 @@ def running_server(config: ServerConfig, ready_timeout: float, threads: int | No
 
 @contextmanager
 def server_process(config: ServerConfig, ready_timeout: float, threads: int | None = None,
-                   extra_args: list[str] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+                   extra_args: list[str] = (), output: IO[str] | None = None,
+                   ) -> Iterator[tuple[str, subprocess.Popen]]:
     """Yields the server's URL and process once /ready answers 200; stops the server on the way out.
 
     QUILL_* variables of this environment are not passed on: flags set everything, and a stray
     QUILL_API_KEY would lock the benchmark's own requests out. `threads` sets OMP_NUM_THREADS;
-    `extra_args` are appended to the command (see `with_serve_args`).
+    `extra_args` are appended to the command (see `with_serve_args`); the server's output goes to `output`
+    (a file opened "w+"), else to a temporary file.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUILL_")}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     url = f"http://{config.host}:{config.port}"
-    with tempfile.TemporaryFile(mode="w+") as log:
+    with nullcontext(output) if output is not None else tempfile.TemporaryFile(mode="w+") as log:
         process = subprocess.Popen(serve_command(config) + list(extra_args), stdout=log, stderr=subprocess.STDOUT,
                                    text=True, env=env)
         try:

@@ -48,6 +48,12 @@ def test_smoke_run_writes_every_part_of_a_shape(tmp_path, capsys):
     assert hf["max_logit_difference"] < 1e-4 and hf["static"]["batch_size"] == SMOKE.shapes["llama3-8b"].hf_batch_size
     assert hf["static"]["computed_tokens"] >= hf["static"]["generated_tokens"]
 
+    sizing = shape["sizing"]  # on the CPU the server takes its default cache: the part runs, sizing is CUDA's
+    assert "--cache-bytes" not in sizing["command"] and sizing["seconds"] == SMOKE.sizing_seconds
+    assert sizing["num_ok"] > 0 and sizing["errors_by_status"] == {} and sizing["health_after"] == 200
+    assert len(sizing["cache"]) == 1 and "cache reserved" in sizing["cache"][0]
+    assert sizing["out_of_memory_in_log"] is False and sizing["device_memory_used_after"] is None
+
     b1 = shape["batch1"]
     assert b1["floor_ms_per_token"] == pytest.approx(1000 * model["decode_read_bytes"] / results["limits"]
                                                      ["read_bandwidth"])
