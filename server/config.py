@@ -49,7 +49,8 @@ class ServerConfig:
     drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # no CUDA graphs: every step runs eagerly (the CPU always does)
-    async_scheduling: bool = False  # launch a decode step before the host commits the one before it
+    async_scheduling: bool | None = None  # launch a decode step before the host commits the one before it;
+    # None: on for models on CUDA, off elsewhere (EngineConfig.async_scheduling)
     log_prompts: bool = False  # request logs carry token counts only unless asked
     threads: int | str | None = None  # torch CPU threads per model's steps; None: torch's; "auto": re-picked under load
     # Each model's engine core in a process of its own (True) or on a thread of the server's (False); None: a
@@ -211,10 +212,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true",
                    help="never replay decode steps as CUDA graphs (on CUDA they are captured at startup for "
                         "batches of 1, 2, 4, 8, then every 16 up to --max-num-seqs sequences)")
-    p.add_argument("--async-scheduling", action="store_true",
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="overlapped scheduling: launch each plain decode step while the host still detokenizes and "
-                        "checks the stop rules of the step before (off by default: it helps where a GPU computes "
-                        "meanwhile, has not yet been measured there, and gains nothing on the CPU)")
+                        "checks the stop rules of the step before (default: on for models on CUDA, where the GPU "
+                        "computes meanwhile; off on the CPU, where it gains nothing)")
     p.add_argument("--log-prompts", action="store_true", help="include prompt text in request logs")
 
 

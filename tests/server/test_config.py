@@ -22,9 +22,10 @@ def test_enforce_eager_is_off_unless_asked():
     assert parse("--enforce-eager").enforce_eager is True
 
 
-def test_async_scheduling_is_off_unless_asked():
-    assert parse().async_scheduling is False
+def test_async_scheduling_is_left_to_the_engine_unless_asked():
+    assert parse().async_scheduling is None  # the engine decides by its model's device
     assert parse("--async-scheduling").async_scheduling is True
+    assert parse("--no-async-scheduling").async_scheduling is False
 
 
 def test_event_loop_and_http_parser_default_to_the_fastest_installed():

@@ -84,7 +84,7 @@ REQUESTS = [
 ]
 
 
-def cuda_engine(arch: str, tokenizer, graphs: bool = False, async_scheduling: bool = False,
+def cuda_engine(arch: str, tokenizer, graphs: bool = False, async_scheduling: bool | None = False,
                 cache: CacheConfig = CacheConfig(block_size=4, num_blocks=64),
                 device: torch.device = CUDA) -> EngineCore:
     model = fake_model(*model_spec(arch), torch.bfloat16, device)
@@ -117,6 +117,15 @@ def test_graph_buckets_and_overlapped_steps_on_cuda(tiny_tokenizer, host_reads):
         run_to_completion(engine, max_steps=50)
     assert engine.runner.graphs and engine.num_overlapped_steps > 0
     assert engine.cache.usage == 0
+
+
+def test_overlapped_scheduling_is_on_by_default_on_cuda_only(tiny_tokenizer):
+    with fake_cuda():
+        assert cuda_engine("transformer-llama", tiny_tokenizer, async_scheduling=None).async_scheduling is True
+        assert cuda_engine("transformer-llama", tiny_tokenizer, async_scheduling=False).async_scheduling is False
+    cpu = cuda_engine("transformer-llama", tiny_tokenizer, async_scheduling=None, device=torch.device("cpu"))
+    assert cpu.async_scheduling is False
+    assert cuda_engine("lstm", tiny_tokenizer, async_scheduling=True, device=torch.device("cpu")).async_scheduling
 
 
 def test_cache_sized_by_profiling_steps_on_cuda(monkeypatch, tiny_tokenizer):
