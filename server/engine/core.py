@@ -261,11 +261,10 @@ class EngineCore:
 
     def _finish(self, seq: Sequence) -> None:
         """Free a finished sequence's cache, keeping its final state where the cache can (a chat's next turn goes on
-        from there), unless a step still in flight reads it further."""
-        if self._in_flight is not None and any(s is seq for s, _ in self._in_flight.batch.work):
-            self.cache.free(seq.seq_id)
-        else:
-            self.cache.retire(seq.seq_id, seq.token_ids, seq.num_computed)
+        from there). A step in flight that reads the sequence computes its last token too, so the state kept then
+        holds every token: the copy goes with the step after, which the device runs after that one."""
+        in_flight = self._in_flight is not None and any(s is seq for s, _ in self._in_flight.batch.work)
+        self.cache.retire(seq.seq_id, seq.token_ids, seq.num_computed + in_flight)
 
     def _fork(self, group: SequenceGroup) -> None:
         """The prompt is computed: split it into the request's n samples (each took its first token this step)."""

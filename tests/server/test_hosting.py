@@ -106,10 +106,11 @@ def test_attention_backend_flag(monkeypatch):
 
 
 def test_engine_settings_follow_the_serve_flags():
-    for argv, on in (((), False), (("--enforce-eager", "--async-scheduling"), True)):
+    for argv, eager, overlap in (((), False, None), (("--enforce-eager", "--async-scheduling"), True, True),
+                                 (("--no-async-scheduling",), False, False)):
         engine = ModelHost._host("gcnn", "shakespeare-gcnn", parse(*argv, "--max-num-seqs", "8"), (1, 1)).engine
         config = engine.config
-        assert (config.enforce_eager, config.async_scheduling, config.scheduler.max_num_seqs) == (on, on, 8)
+        assert (config.enforce_eager, config.async_scheduling, config.scheduler.max_num_seqs) == (eager, overlap, 8)
 
 
 def test_cache_size_flags(monkeypatch):

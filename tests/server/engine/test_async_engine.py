@@ -15,7 +15,10 @@ from tests.server.engine.test_engine import loaded_model
 
 
 def make_engine(tiny_tokenizer, key="transformer-llama", threads=None, **scheduler) -> AsyncEngine:
-    config = EngineConfig(SchedulerConfig(**scheduler), CacheConfig(block_size=4, num_blocks=256))
+    """Synchronous steps on every device: a fault injected into `runner.run` must meet a step (test_overlap.py
+    injects them into overlapped ones)."""
+    config = EngineConfig(SchedulerConfig(**scheduler), CacheConfig(block_size=4, num_blocks=256),
+                          async_scheduling=False)
     engine = AsyncEngine(loaded_model(key, tiny_tokenizer), config, threads=threads)
     engine.start()
     return engine

@@ -23,9 +23,10 @@ def loaded_model(key, tokenizer) -> LoadedModel:
 
 
 def engine(loaded, budget=48, prefix=True, max_num_seqs=32) -> EngineCore:
+    """Synchronous steps on every device (overlapped ones are test_overlap.py's), so the counts below are exact."""
     return EngineCore(loaded, EngineConfig(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget),
-        CacheConfig(block_size=4, num_blocks=512, enable_prefix_caching=prefix),
+        CacheConfig(block_size=4, num_blocks=512, enable_prefix_caching=prefix), async_scheduling=False,
     ))
 
 

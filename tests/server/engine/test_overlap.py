@@ -273,3 +273,27 @@ def test_a_fault_with_a_step_in_flight_fails_its_requests_and_the_engine_goes_on
         collect(results, [out for _, out in loop.step()])
     assert len(results["c"][0]["token_ids"]) == 5
     assert_drained(engine)
+
+
+@pytest.mark.parametrize("arch", ["lstm", "gcnn"])
+def test_a_sequence_ending_with_a_step_in_flight_leaves_its_whole_state_for_the_next_turn(tiny_tokenizer, arch):
+    """The step in flight computes the finished sequence's last token too; the snapshot taken after it holds every
+    token, so the next turn resumes from one token further than a synchronous engine's, with the same answers."""
+    loaded = loaded_model(arch, tiny_tokenizer)
+
+    def turns(on: bool) -> tuple[list[int], int, EngineCore]:
+        engine = EngineCore(loaded, EngineConfig(SchedulerConfig(max_num_seqs=4), CacheConfig(block_size=4,
+                            num_blocks=64), async_scheduling=on))
+        prompt = [3, 4, 5, 6, 7]
+        first, _ = drive(engine, {0: [("first", prompt, SamplingParams(max_tokens=6, ignore_eos=True, **GREEDY))]})
+        assert engine.num_overlapped_steps > 0 if on else engine.num_overlapped_steps == 0
+        history = prompt + first["first"][0]["token_ids"]
+        hits = engine.cache.prefix_hits
+        params = SamplingParams(max_tokens=6, ignore_eos=True, **GREEDY)
+        second, _ = drive(engine, {0: [("second", history + [8, 9], params)]})
+        return second["second"][0]["token_ids"], engine.cache.prefix_hits - hits, len(history)
+
+    sync_tokens, sync_hits, length = turns(False)
+    overlapped_tokens, overlapped_hits, _ = turns(True)
+    assert overlapped_tokens == sync_tokens
+    assert (sync_hits, overlapped_hits) == (length - 1, length)
