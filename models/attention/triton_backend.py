@@ -22,10 +22,26 @@ from .backend import slot_mapping, write_kv
 # Query tokens per tile when some sequence brings more than one (prefill chunks). Decode-only steps
 # use tiles of one token: a tile never mixes sequences, so larger ones would sit mostly empty.
 MAX_BLOCK_Q = 16
+# Compiled Triton specialises a pointer argument on whether it is 16-byte aligned, compiling the kernel again
+# for each combination it meets: the packed offsets therefore start every array on 16 bytes (4 int32s), so
+# steps of any shape share one compiled variant per tile size.
+ALIGN_INT32S = 4
 
 
 def _next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
+
+
+def _aligned_pack(arrays: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """The int32 arrays copied to `device` in one queued copy, each a view starting on 16 bytes."""
+    flat: list[int] = []
+    bounds = []
+    for values in arrays:
+        bounds.append((len(flat), len(flat) + len(values)))
+        flat += values
+        flat += [0] * (-len(flat) % ALIGN_INT32S)
+    packed = to_device(flat, device, torch.int32)
+    return [packed[start:end] for start, end in bounds]
 
 
 @dataclass
@@ -64,16 +80,16 @@ class TritonPagedAttention:
             starts = range(0, n, block_q)
             tile_seqs += [seq] * len(starts)
             tile_starts += starts
-        num_seqs, num_tiles = len(lens), len(tile_seqs)
         # one queued host-to-device copy for all three (a blocking one stalled the host every prefill step)
-        packed = to_device([0, *accumulate(lens), *tile_seqs, *tile_starts], batch.positions.device, torch.int32)
+        seq_starts, tile_seqs, tile_starts = _aligned_pack([[0, *accumulate(lens)], tile_seqs, tile_starts],
+                                                           batch.positions.device)
         return cls(
             slot_mapping=slot_mapping(batch, block_size),
             positions=batch.positions,
             block_tables=batch.block_tables,
-            seq_starts=packed[: num_seqs + 1],
-            tile_seqs=packed[num_seqs + 1 : num_seqs + 1 + num_tiles],
-            tile_starts=packed[num_seqs + 1 + num_tiles :],
+            seq_starts=seq_starts,
+            tile_seqs=tile_seqs,
+            tile_starts=tile_starts,
             block_q=block_q,
         )
 

@@ -23,7 +23,7 @@ MIN_DOT = 16
 LOG2_E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_table"])  # the widest block table of a step: any width, one variant
 def _paged_attention(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     positions_ptr,  # (T,) position of each packed query token in its sequence

@@ -101,3 +101,15 @@ def test_head_layouts(n_heads, n_kv_heads, head_dim):
 def test_block_size_that_is_not_a_power_of_two():
     got, expected, _, _ = run_step(MIXED[:3], 5, 4, 2, 8, torch.float32, seed=3)
     assert_matches(got, expected, torch.float32)
+
+
+@pytest.mark.parametrize("specs", [MIXED, MIXED[:2], MIXED[:3], [(0, 5)], DECODES[:3] + [(0, 2)]])
+def test_every_packed_array_starts_on_16_bytes(specs):
+    """Compiled Triton compiles a kernel again for each pointer alignment it meets: whatever the number of
+    sequences and tiles, the offsets arrays it reads start aligned, so one variant per tile size serves all."""
+    batch = StepBatch.build([[1] * new for _, new in specs], [cached for cached, _ in specs],
+                            block_tables=[[1] * -(-(c + n) // 16) for c, n in specs], device=KERNEL_DEVICE)
+    meta = TritonPagedAttention.build(batch, 16)
+    for name in ("seq_starts", "tile_seqs", "tile_starts"):
+        assert getattr(meta, name).data_ptr() % 16 == 0, name
+    assert meta.seq_starts.tolist()[-1] == batch.num_tokens and len(meta.tile_seqs) == len(meta.tile_starts)
