@@ -6,7 +6,10 @@
 #
 # 1. installs the wheels in .whl/ (packages the machine lacks), offline, if there are any
 # 2. writes the versions of what runs (Python, torch, CUDA, triton, transformers, the GPU) to $OUT/versions.txt
-# 3. tests: QUILL_TEST_DEVICE=cuda pytest over $TESTS (tests/conftest.py); log and JUnit XML under $OUT
+# 3. the CUDA tests (QUILL_TEST_DEVICE=cuda pytest, tests/conftest.py) in three stages, most telling first, each
+#    writing its log and JUnit XML under $OUT as it ends: kernels (the Triton kernels and CUDA graph replay
+#    against eager, bf16 included), engine (models, engine, sampling, beams, structured output), api (the routes,
+#    live servers, engine processes: the slowest)
 # 4. bench: `python -m benchmarks.gpu_bench` once per shape; its JSON (rewritten after every figure), log and
 #    decode-step traces under $OUT; then $OUT/gpu_table.md from every JSON there
 #
@@ -15,26 +18,34 @@
 # (benchmarks/interruptible.py): pytest still writes its report, and the benchmark stops its server and
 # deletes its checkpoint (SIGKILL 30 s later).
 #
-# Environment, with defaults: OUT=runs/gpu  STAGES="tests bench"  SHAPES="gpt2 llama3.2-1b"  PARTS=(all)
-# DEVICE=cuda  DTYPE=bfloat16  TESTS="tests/models tests/server"  TEST_WORKERS=0 (pytest-xdist processes, if its
-# wheel is in .whl/)  BUDGET=570  TESTS_TIMEOUT=240
-# SHAPE_TIMEOUT=420  BENCH_ARGS=(more gpu_bench flags, e.g. "--server-arg=--attention-backend=sdpa")  PYTHON=python3
-# (DEVICE=cpu DTYPE=float32 BENCH_ARGS=--smoke runs the whole script on a machine without a GPU, in a minute.)
+# Environment, with defaults: OUT=runs/gpu  STAGES="kernels engine api bench" ("tests": the three test stages;
+# "custom": pytest over $TESTS)  SHAPES="gpt2 llama3.2-1b"  PARTS=(all)  DEVICE=cuda  DTYPE=bfloat16
+# TEST_WORKERS=0 (pytest-xdist processes, if its wheel is in .whl/)  BUDGET=570  KERNELS_TIMEOUT=90
+# ENGINE_TIMEOUT=150  API_TIMEOUT=300  KERNEL_TESTS ENGINE_TESTS API_TESTS (each stage's pytest arguments, below)
+# TESTS= TESTS_TIMEOUT=240 (the custom stage)  SHAPE_TIMEOUT=420
+# BENCH_ARGS=(more gpu_bench flags, e.g. "--server-arg=--attention-backend=sdpa")  PYTHON=python3  WHEELS=.whl
+# (DEVICE=cpu DTYPE=float32 BENCH_ARGS=--smoke STAGES=bench runs the benchmark on a machine without a GPU, in a
+# minute; tests/benchmarks/test_gpu_session.py runs the whole script so.)
 set -uo pipefail
 
 OUT=${OUT:-runs/gpu}
-STAGES=${STAGES:-tests bench}
+STAGES=${STAGES:-kernels engine api bench}
+STAGES=${STAGES/tests/kernels engine api}
 SHAPES=${SHAPES:-gpt2 llama3.2-1b}
 PARTS=${PARTS:-}
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}
-TESTS=${TESTS:-tests/models tests/server}
+TESTS=${TESTS:-}
 BUDGET=${BUDGET:-570}
 TEST_WORKERS=${TEST_WORKERS:-0}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-240}
+KERNELS_TIMEOUT=${KERNELS_TIMEOUT:-90}
+ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-150}
+API_TIMEOUT=${API_TIMEOUT:-300}
 SHAPE_TIMEOUT=${SHAPE_TIMEOUT:-420}
 BENCH_ARGS=${BENCH_ARGS:-}
 PYTHON=${PYTHON:-python3}
+WHEELS=${WHEELS:-.whl}
 
 start=$SECONDS
 mkdir -p "$OUT"
@@ -63,9 +74,9 @@ bounded() {
 
 status=()
 
-if compgen -G ".whl/*.whl" > /dev/null; then
+if compgen -G "$WHEELS/*.whl" > /dev/null; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl || exit 1
+    "$WHEELS"/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
@@ -88,15 +99,37 @@ PY
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
 } | tee "$OUT/versions.txt"
 
-if [[ " $STAGES " == *" tests "* ]]; then
-  workers=()
+# The test stages' paths: what a GPU changes most comes first, the slow live-server tests last.
+KERNEL_TESTS=${KERNEL_TESTS:-tests/models/kernels tests/models/attention tests/server/engine/test_graphs.py \
+tests/server/engine/test_graph_buckets.py}
+ENGINE_TESTS=${ENGINE_TESTS:-tests/models --ignore=tests/models/kernels --ignore=tests/models/attention \
+tests/server/engine --ignore=tests/server/engine/test_graphs.py --ignore=tests/server/engine/test_graph_buckets.py \
+tests/server/sampling tests/server/structured}
+API_TESTS=${API_TESTS:-tests/server/api tests/server/test_config.py tests/server/test_hosting.py}
+
+# test_stage NAME LIMIT PATHS...: QUILL_TEST_DEVICE=$DEVICE pytest over PATHS, into $OUT/tests-NAME.{log,xml};
+# its summary line and failures are added to $OUT/tests-summary.txt
+test_stage() {
+  local name=$1 limit=$2
+  shift 2
+  local workers=()
   (( TEST_WORKERS > 0 )) && workers=(-n "$TEST_WORKERS")
-  # shellcheck disable=SC2086  # TESTS is a list of paths
-  bounded "$TESTS_TIMEOUT" "$OUT/tests-cuda.log" tests env QUILL_TEST_DEVICE="$DEVICE" \
+  bounded "$limit" "$OUT/tests-$name.log" "tests-$name" env QUILL_TEST_DEVICE="$DEVICE" \
     "$PYTHON" -m benchmarks.interruptible pytest -q -p no:cacheprovider --continue-on-collection-errors -rfE \
-    --durations=15 --junitxml="$OUT/tests-cuda.xml" ${workers[@]+"${workers[@]}"} $TESTS
-  status+=("tests: exit $?")
-fi
+    --durations=10 --junitxml="$OUT/tests-$name.xml" ${workers[@]+"${workers[@]}"} "$@"
+  status+=("tests-$name: exit $?")
+  { echo "tests-$name:"; grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed|error)" "$OUT/tests-$name.log"; } \
+    >> "$OUT/tests-summary.txt"
+}
+
+# shellcheck disable=SC2086  # the paths are lists of words
+if [[ " $STAGES " == *" kernels "* ]]; then test_stage kernels "$KERNELS_TIMEOUT" $KERNEL_TESTS; fi
+# shellcheck disable=SC2086
+if [[ " $STAGES " == *" engine "* ]]; then test_stage engine "$ENGINE_TIMEOUT" $ENGINE_TESTS; fi
+# shellcheck disable=SC2086
+if [[ " $STAGES " == *" api "* ]]; then test_stage api "$API_TIMEOUT" $API_TESTS; fi
+# shellcheck disable=SC2086
+if [[ " $STAGES " == *" custom "* ]]; then test_stage custom "$TESTS_TIMEOUT" $TESTS; fi
 
 if [[ " $STAGES " == *" bench "* ]]; then
   for shape in $SHAPES; do
