@@ -4,7 +4,8 @@ Startup: the port opens at once and /ready answers 503 while checkpoints load on
 thread; the engines start when all are loaded. A checkpoint that fails to load stops
 the server with its error (exit code 2). SIGTERM: /ready and new generation requests
 answer 503, in-flight requests get up to `drain_seconds` to finish, then the process
-exits 0. SIGTERM while the models load stops the loading (an engine process still
+exits 0. Once no engine is alive (each lost its device, its process crashed or its loop broke),
+the server exits with ENGINES_DEAD_EXIT_CODE, so that a supervisor starts a fresh one. SIGTERM while the models load stops the loading (an engine process still
 loading is ended; a load in this process is waited for up to LOADER_STOP_SECONDS),
 shuts down the engines already started, starts none, and exits 0.
 """
@@ -32,6 +33,8 @@ from .hosting import LoadCancelled, ModelHost
 
 log = logging.getLogger("quill.server")
 
+ENGINES_DEAD_EXIT_CODE = 3  # every engine died while serving (2: a model failed to load)
+
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app, drain_seconds: float):
@@ -56,6 +59,18 @@ class DrainingServer(uvicorn.Server):
             self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._drain()))
             return
         super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's main loop calls this every 0.1 s: stop once no engine is left to serve (not while stopping)."""
+        state = self.quill_app.state
+        host = state.host
+        if (counter % 5 == 0 and host is not None and host.models and not state.draining and not self.should_exit
+                and not any(m.engine.is_alive for m in host.models.values())):
+            reasons = "; ".join(f"{name}: {m.engine.dead_reason or 'not running'}" for name, m in host.models.items())
+            log.error("no engine is alive (%s): exiting with code %d for a restart", reasons, ENGINES_DEAD_EXIT_CODE)
+            self.exit_code = ENGINES_DEAD_EXIT_CODE
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     async def _drain(self) -> None:
         deadline = time.monotonic() + self.drain_seconds

@@ -3,7 +3,8 @@
 The same code serves the engine thread (`AsyncEngine`) and the engine process (`core_process`):
 requests and aborts are applied between steps, a step's outputs come back as (request id, item)
 pairs to deliver, and a step that raises fails only the requests it was running (their cache is
-freed and rebuilt) while the loop goes on serving the rest.
+freed and rebuilt) while the loop goes on serving the rest, unless the device itself is lost
+(faults.py): then the step raises DeviceLostError and the loop must stop.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from .core import EngineCore
 from .current_device import make_current
 from .cpu_threads import StepThreads
+from .faults import DeviceLostError, device_lost
 from .outputs import CompletionOutput, RequestOutput
 from .scheduler import QueueFullError
 
@@ -58,6 +60,9 @@ class CoreLoop:
                 self.threads.after_step(self.core.last_step)
         except Exception as e:  # a fault in the model (CUDA out of memory included) must not take the server down
             log.exception("engine step failed")
+            if device_lost(self.core.loaded.device):
+                raise DeviceLostError(f"{self.core.loaded.device} can run nothing more after "
+                                      f"{type(e).__name__}: {e}; the server must be restarted") from e
             return self._fail_running(step_error_message(e))
         return [(out.request_id, out) for out in outputs]
 

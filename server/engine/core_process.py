@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -26,6 +27,7 @@ from models.location import ModelLocation
 from .core import EngineConfig, EngineCore
 from .core_loop import CoreLoop
 from .cpu_threads import StepThreads
+from .faults import DeviceLostError
 from .messages import DOWN, CoreInfo, Failed, MessageKind, Ready, Refusal, StepOutputs
 from .wire import MessageReader, MessageWriter
 
@@ -67,6 +69,10 @@ def run_core_process(conn: Connection, up: Connection, spec: CoreSpec) -> None:
         _serve(MessageReader(conn.fileno(), DOWN), writer, CoreLoop(core, threads))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the API process is gone: so is the reason to run
+    except DeviceLostError as e:  # told to the API process, which fails every stream with it; a fresh process helps
+        log.error("%s", e)
+        writer.send([Failed(str(e))])
+        sys.exit(1)
 
 
 def _serve(requests: MessageReader, writer: MessageWriter, loop: CoreLoop) -> None:

@@ -70,7 +70,7 @@ class Ready(Message, tag=int(MessageKind.READY)):
 
 
 class Failed(Message, tag=int(MessageKind.FAILED)):
-    """The model could not be loaded; `reason` says why."""
+    """The model could not be loaded, or (after Ready) the engine lost its device; `reason` says why."""
 
     reason: str
 

@@ -176,6 +176,11 @@ class ProcessEngine(EngineFrontend):
             while True:
                 items = []
                 for step in self._messages.read():
+                    if step.kind is MessageKind.FAILED:  # its device is lost (faults.py): it exits after this
+                        self._deliver_all(items)
+                        log.error("%s: %s", self.name, step.reason)
+                        self._fail_all(step.reason)
+                        return
                     if step.kind is not MessageKind.STEP:
                         raise RuntimeError(f"a {step.kind.name} message after the engine process was ready")
                     items += [(out.request_id, out) for out in step.outputs]
