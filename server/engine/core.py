@@ -20,7 +20,7 @@ from server.sampling import SamplingParams, new_generator
 from server.structured import GrammarCompiler
 
 from .beam_search import BeamSearch
-from .cuda_graphs import CudaGraphs, GraphCapture
+from .cuda_graphs import CudaGraphs, GraphCapture, GraphCaptureError
 from .current_device import make_current
 from .graph_buckets import graph_batch_sizes
 from .output_processor import OutputProcessor
@@ -124,9 +124,12 @@ class EngineCore:
         start, before = time.perf_counter(), capture.memory_in_use()
         try:
             self.runner.capture_graphs(capture, sizes)
-        except RuntimeError as e:
+        except GraphCaptureError as e:
             self.runner.graphs.clear()
-            log.warning("%s: decode steps run eagerly, capturing them as CUDA graphs failed: %s", name, e)
+            capture.release()  # the graphs captured before it, and the pool they filled
+            log.warning("%s: capturing the decode step of a batch of %d sequences as a CUDA graph failed (%s): "
+                        "decode steps run eagerly; the memory set aside for graphs stays unused (--enforce-eager "
+                        "skips capture)", name, e.batch_size, e.__cause__)
             return
         self.graph_bytes = max(0, capture.memory_in_use() - before)
         log.info("%s: captured decode graphs for batches of %s sequences in %.2fs, holding %.1f MiB "

@@ -31,6 +31,17 @@ class GraphCapture(Protocol):
     def memory_in_use(self) -> int:
         """Device memory in use now, in bytes: what capturing took is the difference."""
 
+    def release(self) -> None:
+        """Drop every graph captured and give their memory back (after a capture failed)."""
+
+
+class GraphCaptureError(RuntimeError):
+    """Capturing the decode step of `batch_size` sequences failed."""
+
+    def __init__(self, batch_size: int, cause: Exception):
+        super().__init__(f"batch of {batch_size} sequences: {type(cause).__name__}: {cause}")
+        self.batch_size = batch_size
+
 
 class CudaGraphs:
     """Graphs of one engine on one CUDA device, sharing one memory pool.
@@ -43,6 +54,7 @@ class CudaGraphs:
         self.device = torch.device(device)
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream(self.device)  # capture needs a stream other than the default
+        self.graphs: list[torch.cuda.CUDAGraph] = []
 
     def capture(self, step: Callable[[], torch.Tensor]) -> Replay:
         current = torch.cuda.current_stream(self.device)
@@ -55,11 +67,21 @@ class CudaGraphs:
         # thread_local: CUDA work of other threads (another model's engine) does not spoil this capture.
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
             output = step()
+        self.graphs.append(graph)
         return _CudaReplay(graph, output)
 
     def memory_in_use(self) -> int:
         free, total = torch.cuda.mem_get_info(self.device)  # the pool and the graphs' own driver memory
         return total - free
+
+    def release(self) -> None:
+        """The pool's blocks go back to the allocator once no graph holds them, then to the device."""
+        for graph in self.graphs:
+            graph.reset()
+        self.graphs.clear()
+        self.pool = torch.cuda.graph_pool_handle()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
 
 
 class _CudaReplay:

@@ -33,7 +33,7 @@ from server.sampling.beam import BeamRequest, beam_candidates
 from server.sampling.table import SamplingTable
 
 from .cache_table import CacheTable
-from .cuda_graphs import GraphCapture, Replay
+from .cuda_graphs import GraphCapture, GraphCaptureError, Replay
 from .grammar_masks import GrammarMasks, PendingMasks
 from .graph_buckets import choose_bucket, pad_rows
 from .outputs import TokenLogprob
@@ -197,7 +197,10 @@ class ModelRunner:
         self.table.fill_padding(self.layout.padding())
         for size in sorted(sizes, reverse=True):
             self._fill_bucket(_Packed(), size)  # every row is padding while capturing
-            self.graphs[size] = capture.capture(partial(self._bucket_step, size))
+            try:
+                self.graphs[size] = capture.capture(partial(self._bucket_step, size))
+            except RuntimeError as e:
+                raise GraphCaptureError(size, e) from e
         self.graph_sizes = sorted(sizes)
 
     def _bucket_step(self, size: int) -> torch.Tensor:

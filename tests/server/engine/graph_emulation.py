@@ -46,6 +46,7 @@ class EmulatedGraphs:
 
     def __init__(self):
         self.replays: Counter[int] = Counter()  # bucket size -> replays
+        self.released = False
 
     def capture(self, step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         step()
@@ -61,3 +62,6 @@ class EmulatedGraphs:
 
     def memory_in_use(self) -> int:
         return 0
+
+    def release(self) -> None:
+        self.released = True

@@ -199,3 +199,24 @@ def test_capture_is_logged_with_its_sizes_time_and_memory(tiny_tokenizer, caplog
     with caplog.at_level(logging.INFO, logger="quill.engine"):
         make_engine(loaded_model("lstm", tiny_tokenizer), graphs=True, max_num_seqs=4)
     assert "captured decode graphs for batches of 1, 2, 4 sequences in" in caplog.text and "MiB" in caplog.text
+
+
+def test_a_capture_failing_at_one_batch_size_drops_every_graph_and_names_that_size(tiny_tokenizer, caplog):
+    class FailsAtSecond(EmulatedGraphs):  # the largest bucket captures, the next one fails
+        def capture(self, step):
+            self.captured = getattr(self, "captured", 0) + 1
+            if self.captured == 2:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return super().capture(step)
+
+    loaded = loaded_model("lstm", tiny_tokenizer)
+    capture = FailsAtSecond()
+    config = EngineConfig(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=48),
+                          CacheConfig(block_size=BLOCK_SIZE, num_blocks=256), async_scheduling=False)
+    with caplog.at_level(logging.WARNING, logger="quill.engine"):
+        engine = EngineCore(loaded, config, max_model_len=64, graph_capture=capture)
+    assert capture.released and not engine.runner.graphs and engine.runner.graph_sizes == []
+    assert engine.graph_bytes == 0
+    assert "a batch of 8 sequences as a CUDA graph failed (operation not permitted" in caplog.text  # 16, then 8
+    engine.add_request("a", [1, 2], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert len(run_arrivals(engine, [])["a"][0]["token_ids"]) == 3  # eagerly
