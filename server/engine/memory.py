@@ -2,7 +2,9 @@
 
 On CUDA, after the weights are loaded, one profiling step at the largest batch the scheduler may pack
 (max_num_batched_tokens new tokens, logits for every row, as a step with prompt logprobs computes)
-measures the activations' peak. The cache then takes what is left of `utilization` x the device's
+measures the activations' peak, and the sampler at its costliest over max_num_seqs rows (penalties' token
+counts, top-k, top-p's sort, min-p, top log-probabilities: several batch x vocabulary copies) another; the
+larger counts, since the model's activations are freed before a step samples. The cache then takes what is left of `utilization` x the device's
 memory once the weights, that peak and the memory outside PyTorch's allocator (the CUDA context,
 other processes) are counted. The arithmetic is `kv_cache_bytes`, a pure function.
 
@@ -22,6 +24,9 @@ import torch
 
 from models.batch import StepBatch
 from models.state import new_model_state, state_parts
+from server.sampling import SamplingParams
+from server.sampling.sampler import sample
+from server.sampling.table import build_batch
 
 DEFAULT_CACHE_BYTES = 256 * 2**20  # off CUDA, when no size is given
 
@@ -52,14 +57,17 @@ def kv_cache_bytes(memory: GpuMemory, utilization: float) -> int:
 
 
 def choose_cache_bytes(model, cache_bytes: int | None, gpu_memory_utilization: float, block_size: int,
-                       max_num_batched_tokens: int, max_model_len: int, graph_batch_size: int = 0) -> int:
+                       max_num_batched_tokens: int, max_model_len: int, graph_batch_size: int = 0,
+                       max_num_seqs: int = 0) -> int:
     """`cache_bytes` when given; else sized from the GPU on CUDA, DEFAULT_CACHE_BYTES elsewhere.
-    `graph_batch_size`: the largest batch CUDA graphs will be captured for (0: none)."""
+    `graph_batch_size`: the largest batch CUDA graphs will be captured for (0: none); `max_num_seqs`: the rows
+    the sampler may get (0: not profiled)."""
     if cache_bytes is not None:
         return cache_bytes
     if _device(model).type != "cuda":
         return DEFAULT_CACHE_BYTES
-    memory = measure_gpu_memory(model, block_size, max_num_batched_tokens, max_model_len, graph_batch_size)
+    memory = measure_gpu_memory(model, block_size, max_num_batched_tokens, max_model_len, graph_batch_size,
+                                max_num_seqs)
     return kv_cache_bytes(memory, gpu_memory_utilization)
 
 
@@ -109,8 +117,21 @@ def profile_decode_step(model, state, batch_size: int, max_model_len: int) -> to
     return model.step(batch, state)  # (batch_size, V)
 
 
+# The sampler's costliest settings: every filter, penalties (a batch x vocabulary count each), 20 top logprobs.
+COSTLIEST_SAMPLING = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
+                                    presence_penalty=0.5, frequency_penalty=0.5, logprobs=20)
+
+
+def profile_sampler(num_rows: int, vocab_size: int, device: torch.device) -> None:
+    """The sampler over `num_rows` rows of float32 logits (made here, as a decode step's are) at its costliest."""
+    rows = range(num_rows)
+    batch = build_batch([COSTLIEST_SAMPLING] * num_rows, [[0] for _ in rows], [[0] for _ in rows], [None] * num_rows,
+                        vocab_size, device)
+    sample(torch.zeros(num_rows, vocab_size, device=device), batch)
+
+
 def measure_gpu_memory(model, block_size: int, max_num_batched_tokens: int, max_model_len: int,
-                       graph_batch_size: int = 0) -> GpuMemory:
+                       graph_batch_size: int = 0, max_num_seqs: int = 0) -> GpuMemory:
     """The figures `kv_cache_bytes` needs, read from the CUDA device the model is on."""
     device = _device(model)
     weights = sum(t.numel() * t.element_size() for t in chain(model.parameters(), model.buffers()))
@@ -126,7 +147,13 @@ def measure_gpu_memory(model, block_size: int, max_num_batched_tokens: int, max_
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - held
 
-    peak = peak_of(lambda: profile_step(model, state, max_num_batched_tokens, max_model_len))
+    scored = []  # the profiling step's log-probabilities: the sampler's rows are as wide, on the same device
+    peak = peak_of(lambda: scored.append(profile_step(model, state, max_num_batched_tokens, max_model_len)))
+    logits = scored.pop()
+    if max_num_seqs:
+        vocab_size, logits_device = logits.shape[-1], logits.device
+        del logits
+        peak = max(peak, peak_of(lambda: profile_sampler(max_num_seqs, vocab_size, logits_device)))
     graphs = 0
     if graph_batch_size:
         graphs = peak_of(lambda: profile_decode_step(model, state, graph_batch_size, max_model_len))

@@ -136,7 +136,7 @@ def plan_state(model, cache, scheduler, max_model_len: int | None, spare: int, g
     if kv_probe is not None:
         num_blocks = cache.num_blocks or max(1, (choose_cache_bytes(
             model, cache.cache_bytes, cache.gpu_memory_utilization, cache.block_size,
-            scheduler.max_num_batched_tokens, max_model_len, graph_batch_size,
+            scheduler.max_num_batched_tokens, max_model_len, graph_batch_size, scheduler.max_num_seqs,
         ) - slot_bytes) // kv_probe.bytes_per_block)
         kinds.append(KVBlocks(num_blocks, cache.block_size, cache.enable_prefix_caching))
     return StateLayout(model, kinds, spare, max_model_len)

@@ -129,19 +129,25 @@ def test_overlapped_scheduling_is_on_by_default_on_cuda_only(tiny_tokenizer):
 
 
 def test_cache_sized_by_profiling_steps_on_cuda(monkeypatch, tiny_tokenizer):
-    """Without num_blocks the engine measures a prefill step and a graph bucket's decode step on the device
-    (torch.cuda's memory readings stood in for by tests/server/engine/test_memory.py's FakeCuda)."""
+    """Without num_blocks the engine measures a prefill step, the sampler at its costliest over max_num_seqs rows
+    and a graph bucket's decode step on the device (torch.cuda's memory readings stood in for by
+    tests/server/engine/test_memory.py's FakeCuda)."""
     MiB = 2**20  # readings that leave the cache a few MiB of the fraction (a few thousand blocks)
     FakeCuda(monkeypatch, held=0, peak=MiB, free=80 * GiB - MiB, reserved=0)
     monkeypatch.setattr(EngineCore, "_capture_graphs", lambda *args: None)  # the sizes matter here, not graphs
     profiled = []
     for name in ("profile_step", "profile_decode_step"):
-        monkeypatch.setattr(memory, name, lambda *args, step=getattr(memory, name): profiled.append(step(*args)))
+        monkeypatch.setattr(memory, name, lambda *args, step=getattr(memory, name): profiled.append(step(*args))
+                            or profiled[-1])
+    sampled = []
+    real_sampler = memory.profile_sampler
+    monkeypatch.setattr(memory, "profile_sampler", lambda *args: sampled.append(args) or real_sampler(*args))
     with fake_cuda():
         engine = cuda_engine("transformer-llama", tiny_tokenizer, graphs=True,
                              cache=CacheConfig(block_size=4, gpu_memory_utilization=1e-4))
     assert engine.state.num_blocks > 1 and engine.state.k.device == CUDA
     assert [t.device for t in profiled] == [CUDA, CUDA]
+    assert sampled == [(8, engine.runner.vocab_size, CUDA)]  # max_num_seqs rows
 
 
 def test_an_engine_on_cuda_without_an_index_is_built_and_stepped(tiny_tokenizer, host_reads, made_current):

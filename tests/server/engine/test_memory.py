@@ -70,6 +70,28 @@ def test_readings_become_the_figures(monkeypatch):
     assert figures == GpuMemory(total=80 * GiB, weights=weights, peak_activations=3 * GiB, non_torch=GiB)
 
 
+def test_the_sampler_is_profiled_at_its_costliest_and_counts_when_it_needs_more(monkeypatch):
+    _, model = build_tiny_model("transformer-llama", 300, device="cpu")
+    FakeCuda(monkeypatch, held=10 * GiB, peak=0, free=60 * GiB, reserved=19 * GiB)
+    peaks = iter([13 * GiB, 15 * GiB, 13 * GiB])  # the prefill step's, the sampler's (256 rows' copies); again
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args: next(peaks))
+    sampled = []
+    monkeypatch.setattr(memory, "profile_sampler", lambda *args: sampled.append(args))
+    figures = memory.measure_gpu_memory(model, 16, 64, model.config.max_seq_len, max_num_seqs=256)
+    assert figures.peak_activations == 5 * GiB and sampled == [(256, 300, torch.device("cpu"))]
+    memory.measure_gpu_memory(model, 16, 64, model.config.max_seq_len)  # no rows given: no sampler profiled
+    assert len(sampled) == 1
+
+
+def test_the_costliest_sampling_runs_every_processor():
+    from server.sampling.table import build_batch
+
+    batch = build_batch([memory.COSTLIEST_SAMPLING] * 3, [[0]] * 3, [[0]] * 3, [None] * 3, 300, "cpu")
+    assert batch.uses_top_p and batch.uses_min_p and batch.max_top_k == 50 and batch.num_top_logprobs == 20
+    assert batch.seen_tokens is not None and batch.output_counts is not None and not batch.all_greedy
+    memory.profile_sampler(3, 300, torch.device("cpu"))
+
+
 def test_engine_on_a_fake_gpu_sizes_its_cache_from_the_fraction(monkeypatch, tiny_tokenizer):
     loaded = loaded_model("transformer-llama", tiny_tokenizer)
     FakeCuda(monkeypatch, held=0, peak=GiB, free=79 * GiB, reserved=0)
@@ -128,7 +150,7 @@ def test_a_hybrid_models_profiling_steps_run_on_its_blocks_and_slots(monkeypatch
     steps = []
     for name in ("profile_step", "profile_decode_step"):
         real = getattr(memory, name)
-        monkeypatch.setattr(memory, name, lambda *args, real=real: steps.append(real(*args)))
+        monkeypatch.setattr(memory, name, lambda *args, real=real: steps.append(real(*args)) or steps[-1])
     figures = memory.measure_gpu_memory(model, 16, 100, 64, graph_batch_size=8)
     assert figures.peak_activations == GiB and figures.graphs == GiB
     assert [tuple(s.shape) for s in steps] == [(100, V), (8, V)] and all(torch.isfinite(s).all() for s in steps)
