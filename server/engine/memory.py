@@ -149,10 +149,9 @@ def measure_gpu_memory(model, block_size: int, max_num_batched_tokens: int, max_
 
     scored = []  # the profiling step's log-probabilities: the sampler's rows are as wide, on the same device
     peak = peak_of(lambda: scored.append(profile_step(model, state, max_num_batched_tokens, max_model_len)))
-    logits = scored.pop()
+    vocab_size, logits_device = scored[0].shape[-1], scored[0].device
+    scored.clear()
     if max_num_seqs:
-        vocab_size, logits_device = logits.shape[-1], logits.device
-        del logits
         peak = max(peak, peak_of(lambda: profile_sampler(max_num_seqs, vocab_size, logits_device)))
     graphs = 0
     if graph_batch_size:
