@@ -31,6 +31,8 @@ class CompletionOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     token_ids: list[int]  # new tokens since the previous output
     logprobs: list[TokenLogprob] | None = None  # one per new token, when asked for
     finish_reason: FinishReason | None = None
+    # Sum of the tokens' log-probabilities under the raw model distribution, when the request scores its samples
+    # (logprobs or n > 1: SamplingParams.scores_samples) or searches beams (the hypothesis's sum); 0.0 otherwise.
     cumulative_logprob: float = 0.0
     score: float | None = None  # beam search: the length-penalised score
 

@@ -351,13 +351,9 @@ class ModelRunner:
         if len(rows) != logits.shape[0] or rows != list(range(len(rows))):
             picked = to_device(rows, logits.device)
             logits = logits.index_select(0, picked)
+        # An argmax-only row's log-probability is wrong (its one finite score normalizes to 0), and never read:
+        # such a row's request does not score its samples (SamplingParams.needs_only_argmax).
         out = sample(logits, sbatch)
-        if out.logprobs is not None and logit_rows.argmax_only is not None:
-            # An argmax-only row holds one finite score, its token's log-probability, which the sampler's
-            # normalization would turn into 0: report the score itself, as the full distribution gives it.
-            quick = logit_rows.argmax_only if picked is None else logit_rows.argmax_only.index_select(0, picked)
-            own = logits.gather(1, out.token_ids[:, None]).squeeze(1)
-            out.logprobs = torch.where(quick, own, out.logprobs)
         ids = transfer.add(out.token_ids)
         lps = None if out.logprobs is None else transfer.add(out.logprobs)
         tops = None
@@ -369,10 +365,14 @@ class ModelRunner:
             logprobs = host[lps] if lps is not None else [0.0] * len(token_ids)
             results, r = [], 0
             for seq, count in owners:
-                want = seq.group.params.logprobs
+                params = seq.group.params
+                want = params.logprobs
+                # A request that does not score its samples takes 0.0 even when a row beside it made the sampler
+                # score every row: its cumulative_logprob must not depend on what shared its steps.
+                scores = params.scores_samples
                 chosen = []
                 for _ in range(count):
-                    token, lp = int(token_ids[r]), logprobs[r]
+                    token, lp = int(token_ids[r]), logprobs[r] if scores else 0.0
                     entry = None
                     if want is not None:
                         top = []

@@ -29,7 +29,7 @@ class Sequence:
     num_prompt_tokens: int
     index: int = 0  # which of the request's outputs this is
     num_computed: int = 0
-    cumulative_logprob: float = 0.0
+    cumulative_logprob: float = 0.0  # see CompletionOutput.cumulative_logprob
     finish_reason: str | None = None
     text: str = ""  # output text so far (stop strings already cut)
     num_sent_chars: int = 0  # how much of `text` has been streamed

@@ -182,14 +182,21 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
+    @property
+    def scores_samples(self) -> bool:
+        """Whether each sampled token's log-probability is read: logprobs asked for, or n > 1 (ranking samples,
+        best_of). Only then is a sample's cumulative_logprob their sum; it is 0.0 otherwise, whatever else
+        shares its steps, so that it never depends on how requests were batched."""
+        return self.logprobs is not None or self.n > 1
+
     def needs_only_argmax(self, num_output_tokens: int) -> bool:
         """Whether this request's next token is the argmax of the model's raw scores and nothing else reads
         them: greedy, with no logprobs, penalty, logit bias, min_tokens ban still in force (`num_output_tokens`:
         the sequence's generated tokens so far), grammar, beam search or n > 1 (ranking samples needs their
         log-probabilities). A model may then score only that token (StepBatch.argmax_only)."""
-        return (self.is_greedy and self.logprobs is None and self.prompt_logprobs is None and not self.has_penalties
+        return (self.is_greedy and not self.scores_samples and self.prompt_logprobs is None and not self.has_penalties
                 and not self.logit_bias and num_output_tokens >= self.min_tokens and self.structured is None
-                and not self.use_beam_search and self.n == 1)
+                and not self.use_beam_search)
 
     def all_stop_token_ids(self, eos_token_ids: Iterable[int]) -> frozenset[int]:
         """Token ids that end this request: stop_token_ids, plus EOS unless ignore_eos."""

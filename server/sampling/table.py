@@ -101,8 +101,7 @@ class SamplingTable:
             all_greedy=len(sampled) == 0,
             any_greedy=len(sampled) < len(params),
             num_top_logprobs=max((p.logprobs or 0 for p in params), default=0),
-            # Chosen tokens' log-probabilities serve logprobs and ranking n samples (best_of); nothing else.
-            needs_logprobs=any(p.logprobs is not None or p.n > 1 for p in params),
+            needs_logprobs=any(p.scores_samples for p in params),
         )
 
 

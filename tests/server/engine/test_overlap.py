@@ -59,27 +59,27 @@ def assert_drained(engine: EngineCore) -> None:
 
 
 def assert_same_answers(overlapped: dict, sync: dict, arrivals: dict[int, list]) -> None:
-    """Tokens, texts and finish reasons equal; cumulative log-probabilities equal to float rounding. The sampler
-    skips them for a batch where no row asks, and a batch's composition (which differs between the two runs)
-    changes the last bits of a row's sum, so they are compared only where the request asked for them or n > 1."""
+    """Every output identical, cumulative log-probabilities included (0.0 where a request does not score its samples,
+    whatever shared its steps), except the sums and beam scores a real model's scores make up: a row's logits
+    depend in their last bits on what else its step computed (MKL's kernel for fewer than 4 rows, attention padded
+    to the step's longest sequence), and the two runs batch differently, so those agree to float rounding.
+    test_scored_sums_match_sync_exactly shows that the engine adds the same scores up bit-identically."""
     params = {request_id: p for batch in arrivals.values() for request_id, _, p in batch}
-
-    def split(results: dict) -> tuple[dict, dict]:
-        exact, sums = {}, {}
-        for request_id, outputs in results.items():
-            asked = params[request_id].logprobs is not None or params[request_id].n > 1
-            for i, out in outputs.items():
-                exact.setdefault(request_id, {})[i] = {k: v for k, v in out.items() if k != "cumulative_logprob"}
-                if asked:
-                    sums[(request_id, i)] = out.get("cumulative_logprob")
-        return exact, sums
-
-    exact_overlapped, sums_overlapped = split(overlapped)
-    exact_sync, sums_sync = split(sync)
-    assert exact_overlapped == exact_sync
-    assert sums_overlapped.keys() == sums_sync.keys()
-    for key, value in sums_sync.items():
-        assert sums_overlapped[key] == pytest.approx(value, rel=1e-5, abs=1e-5), key
+    assert overlapped.keys() == sync.keys()
+    for request_id, outputs in sync.items():
+        assert overlapped[request_id].keys() == outputs.keys(), request_id
+        model_sums = params[request_id].scores_samples or params[request_id].use_beam_search
+        for i, want in outputs.items():
+            have = overlapped[request_id][i]
+            if model_sums:
+                for key in ("cumulative_logprob", "score"):  # a sample's score is None
+                    close = None if want[key] is None else pytest.approx(want[key], rel=1e-5, abs=1e-5)
+                    assert have[key] == close, (request_id, i, key)
+                have, want = ({k: v for k, v in out.items() if k not in ("cumulative_logprob", "score")}
+                              for out in (have, want))
+            else:
+                assert want["cumulative_logprob"] == 0.0, (request_id, i)
+            assert have == want, (request_id, i)
 
 
 def both(make, arrivals, aborts=None):
@@ -135,6 +135,41 @@ def test_eos_stop_matches_sync(tiny_tokenizer):
     assert overlapped == sync
     assert all(r[0]["finish_reason"] == "stop" for r in sync.values())
     assert engine.num_overlapped_steps > 0
+
+
+def scored_arrivals() -> dict[int, list]:
+    """Requests that score their samples (n > 1, logprobs) beside ones that do not, joining and leaving mid-run."""
+    return {
+        0: [("greedy", [5, 6, 7], SamplingParams(max_tokens=22, ignore_eos=True, **GREEDY)),
+            ("seeded", [9, 10], SamplingParams(max_tokens=26, ignore_eos=True, **SEEDED))],
+        3: [("n2", [11, 12], SamplingParams(n=2, max_tokens=6, ignore_eos=True, **SEEDED))],
+        8: [("logprobs", [13], SamplingParams(max_tokens=7, logprobs=2, ignore_eos=True, **GREEDY))],
+        12: [("late", [14, 15], SamplingParams(max_tokens=6, ignore_eos=True, **SEEDED)),
+             ("n3", [16], SamplingParams(n=3, max_tokens=5, logprobs=0, ignore_eos=True, temperature=1.2, seed=3))],
+    }
+
+
+@pytest.mark.parametrize("state_kind", ["paged_kv", "slots", "hybrid"])
+def test_scored_sums_match_sync_exactly(tiny_tokenizer, state_kind):
+    """cumulative_logprob is bit-identical: a request that scores its samples adds the same scores in the same order
+    in both runs (the scripted model's scores do not depend on the batch), and one that does not reports 0.0,
+    though the sampler scores every row of a step where some row asks, and the two runs batch differently."""
+    def make(on):
+        return scripted_engine(tiny_tokenizer, state_kind=state_kind, async_scheduling=on)
+
+    arrivals = scored_arrivals()
+    sync, overlapped, engine = both(make, arrivals)
+    assert overlapped == sync
+    params = {request_id: p for batch in arrivals.values() for request_id, _, p in batch}
+    for request_id, outputs in sync.items():
+        for out in outputs.values():
+            assert (out["cumulative_logprob"] < 0) == params[request_id].scores_samples, request_id
+    for out in list(sync["logprobs"].values()) + list(sync["n3"].values()):
+        total = 0.0
+        for entry in out["logprobs"]:  # the engine's order of addition
+            total += entry.logprob
+        assert out["cumulative_logprob"] == total
+    assert engine.num_overlapped_steps > 10
 
 
 @pytest.mark.parametrize("state_kind", ["paged_kv", "slots", "hybrid"])

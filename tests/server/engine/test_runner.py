@@ -100,6 +100,31 @@ def test_chosen_logits_decide_the_tokens_and_logprobs(tiny_tokenizer):
     assert out["b"][0]["token_ids"] == out["b"][1]["token_ids"] == [8, 9, 10]  # ~no mass elsewhere to sample
 
 
+def test_cumulative_logprob_does_not_depend_on_what_shares_the_steps(tiny_tokenizer):
+    """A request that scores its samples (n > 1, logprobs) sums the same scores alone and in a busy batch; one
+    that does not reports 0.0, also in steps where a row beside it made the sampler score every row."""
+    scored = SamplingParams(n=2, max_tokens=6, temperature=0.8, seed=5, ignore_eos=True)
+    plain = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    logprobs = SamplingParams(max_tokens=5, temperature=0.0, logprobs=1, ignore_eos=True)
+
+    def run(requests):
+        engine = scripted_engine(tiny_tokenizer)
+        for request_id, prompt, params in requests:
+            engine.add_request(request_id, prompt, params)
+        return run_to_completion(engine)
+
+    alone = {rid: run([(rid, prompt, params)])[rid] for rid, prompt, params in
+             [("s", [4, 5], scored), ("p", [8, 9], plain), ("l", [6], logprobs)]}
+    busy = run([("p", [8, 9], plain), ("s", [4, 5], scored), ("l", [6], logprobs)])
+    assert busy == alone
+    assert busy["p"][0]["cumulative_logprob"] == 0.0
+    assert all(out["cumulative_logprob"] < 0 for out in busy["s"].values())
+    total = 0.0
+    for entry in busy["l"][0]["logprobs"]:  # the engine's order of addition
+        total += entry.logprob
+    assert busy["l"][0]["cumulative_logprob"] == total < 0
+
+
 class TableCheck:
     """Inside every forward pass: each sequence's blocks (or slot), as the model is given them, are the cache
     manager's own, so a row of the runner's table left stale fails the step; a graph bucket's padding rows

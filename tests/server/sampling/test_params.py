@@ -169,3 +169,10 @@ def test_only_plain_greedy_needs_no_more_than_the_argmax():
                        dict(min_tokens=2, max_tokens=4), dict(n=2), dict(use_beam_search=True),
                        dict(structured=StructuredOutput("json_object"))):
         assert not SamplingParams(**{"temperature": 0, **reads_more}).needs_only_argmax(1), reads_more
+
+
+def test_only_logprobs_or_several_samples_score_the_sampled_tokens():
+    """What decides whether cumulative_logprob is a sum of scores or 0.0, whatever else shares the steps."""
+    assert SamplingParams(logprobs=0).scores_samples and SamplingParams(n=2, temperature=0.8).scores_samples
+    for plain in (dict(), dict(temperature=0), dict(prompt_logprobs=2), dict(seed=3), dict(repetition_penalty=1.2)):
+        assert not SamplingParams(**plain).scores_samples, plain
