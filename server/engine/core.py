@@ -23,6 +23,7 @@ from .beam_search import BeamSearch
 from .cuda_graphs import CudaGraphs, GraphCapture, GraphCaptureError
 from .current_device import make_current
 from .graph_buckets import graph_batch_sizes
+from .warmup import warm_attention_variants
 from .output_processor import OutputProcessor
 from .overlap import can_overlap, is_live, live_work, next_decode
 from .outputs import RequestOutput
@@ -92,6 +93,11 @@ class EngineCore:
         self.config = config or EngineConfig()
         self.tokenizer = loaded.tokenizer
         model, cache_cfg, sched_cfg = loaded.model, self.config.cache, self.config.scheduler
+        if loaded.device.type == "cuda":  # compiled before the cache is sized and before /ready (warmup.py)
+            start = time.perf_counter()
+            if warm_attention_variants(model, cache_cfg.block_size):
+                log.info("%s: attention kernels compiled for every query tile size in %.2fs", loaded.name,
+                         time.perf_counter() - start)
         if self.config.enforce_eager:
             graph_capture = None
         elif graph_capture is None and loaded.device.type == "cuda":

@@ -128,6 +128,18 @@ def test_overlapped_scheduling_is_on_by_default_on_cuda_only(tiny_tokenizer):
     assert cuda_engine("lstm", tiny_tokenizer, async_scheduling=True, device=torch.device("cpu")).async_scheduling
 
 
+def test_an_engine_on_cuda_compiles_every_attention_variant_before_serving(monkeypatch, tiny_tokenizer):
+    from server.engine import core as engine_core
+
+    calls = []
+    monkeypatch.setattr(engine_core, "warm_attention_variants", lambda model, block_size: calls.append(block_size))
+    cuda_engine("transformer-llama", tiny_tokenizer, device=torch.device("cpu"))
+    assert calls == []  # only on CUDA: elsewhere nothing is compiled
+    with fake_cuda():
+        cuda_engine("transformer-llama", tiny_tokenizer)
+    assert calls == [4]
+
+
 def test_cache_sized_by_profiling_steps_on_cuda(monkeypatch, tiny_tokenizer):
     """Without num_blocks the engine measures a prefill step, the sampler at its costliest over max_num_seqs rows
     and a graph bucket's decode step on the device (torch.cuda's memory readings stood in for by
