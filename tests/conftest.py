@@ -207,6 +207,13 @@ class LiveServer:
         except RuntimeError:
             raise RuntimeError(f"server exited: {self.output()}") from None
 
+    def exit_code(self, timeout: float) -> int | None:
+        """The server's exit code once it exits by itself within `timeout` seconds; None if it is still running."""
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def stop(self) -> str:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
