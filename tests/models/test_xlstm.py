@@ -264,11 +264,12 @@ def test_a_refused_checkpoint_fails_to_load_naming_the_option(tmp_path):
 
 
 def test_decode_steps_replayed_as_graphs_give_the_eager_answers(sharp_pair):
-    """The decode step is capturable: under the CPU emulation of CUDA graphs (which refuses host syncs in capture)
-    the engine answers as it does eagerly."""
-    from tests.server.engine.test_graphs import ARRIVALS, assert_same_answers, make_engine, record_replays, run_arrivals
+    """The decode step is capturable: as real CUDA graphs on a GPU, and under the CPU emulation (which refuses host
+    syncs in capture), the engine answers as it does eagerly."""
+    from tests.server.engine.test_graphs import (ARRIVALS, assert_same_answers, make_engine, on_test_device,
+                                                 record_replays, run_arrivals)
 
-    loaded, arrivals = sharp_pair[1], ARRIVALS[:4]  # greedy, seeded, beam and n=2 requests: buckets 1 to 8
+    loaded, arrivals = on_test_device(sharp_pair[1]), ARRIVALS[:4]  # greedy, seeded, beams, n=2: buckets 1 to 8
     expected = run_arrivals(make_engine(loaded, graphs=False, max_num_seqs=8), arrivals)
     engine = make_engine(loaded, graphs=True, max_num_seqs=8)
     replays = record_replays(engine)

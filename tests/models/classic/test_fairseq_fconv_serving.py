@@ -137,11 +137,12 @@ def test_prefix_cache_snapshots_continue_exactly(pair):
 
 
 def test_decode_steps_replayed_as_graphs_give_the_eager_answers(pair):
-    """The runner's graph path (emulated on a CPU: capture refuses what a CUDA stream could not capture)."""
-    from tests.server.engine.test_graphs import (ARRIVALS, assert_same_answers, make_engine, record_replays,
-                                                 run_arrivals)
+    """The runner's graph path: CUDA's own on a GPU, emulated on a CPU (capture refuses what a CUDA stream could not
+    capture)."""
+    from tests.server.engine.test_graphs import (ARRIVALS, assert_same_answers, make_engine, on_test_device,
+                                                 record_replays, run_arrivals)
 
-    _, loaded = pair
+    loaded = on_test_device(pair[1])
     arrivals = [(step, rid, [t % loaded.tokenizer.vocab_size for t in prompt], params)
                 for step, rid, prompt, params in ARRIVALS]
     expected = run_arrivals(make_engine(loaded, graphs=False), arrivals)

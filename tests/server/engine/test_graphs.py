@@ -7,7 +7,9 @@ stream could not capture. With QUILL_TEST_DEVICE=cuda the same tests capture and
 
 from __future__ import annotations
 
+import copy
 import logging
+from dataclasses import replace
 
 import pytest
 import torch
@@ -46,6 +48,13 @@ def graph_capture(device: torch.device):
     """The capture layer under test: the engine's own CUDA graphs for a model on a GPU, else the emulation (some
     tests keep their model on the CPU whatever the test device is)."""
     return None if device.type == "cuda" else EmulatedGraphs()
+
+
+def on_test_device(loaded: LoadedModel) -> LoadedModel:
+    """A copy of a model some tests keep on the CPU, on the test device: on a GPU its graphs are then CUDA's own."""
+    if loaded.device == TEST_DEVICE:
+        return loaded
+    return replace(loaded, model=copy.deepcopy(loaded.model).to(TEST_DEVICE), device=TEST_DEVICE)
 
 
 def make_engine(loaded, graphs: bool, max_num_seqs: int = 16, prefix: bool = True,
