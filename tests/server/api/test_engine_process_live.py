@@ -57,17 +57,25 @@ def test_dropped_stream_aborts_in_the_engine_process(process_server):
                     and metric(url, "quill_cache_usage_ratio", "tiny-lstm") == 0)
 
 
-def test_full_queue_answers_429_before_any_byte(process_server):
-    url = process_server.url
-    with long_stream(url, "tiny-gcnn") as running:
-        # Until the engine process has admitted it, the first request still counts as waiting.
-        assert running.status_code == 200
-        assert wait_for(lambda: metric(url, "quill_num_requests_running", "tiny-gcnn") == 1)
-        with long_stream(url, "tiny-gcnn") as queued:
-            assert queued.status_code == 200
-            assert wait_for(lambda: metric(url, "quill_num_requests_waiting", "tiny-gcnn") == 1)
-            refused = httpx.post(f"{url}/v1/completions", timeout=10, json={
-                "model": "tiny-gcnn", "prompt": "x", "max_tokens": 5, "stream": True})
+def test_full_queue_answers_429_before_any_byte(tiny_checkpoints):
+    # A server whose engine holds once it runs a request (held_outputs_serve): the first request cannot finish and
+    # let the second in, however fast the machine generates.
+    gcnn = {"tiny-gcnn": tiny_checkpoints["tiny-gcnn"]}
+    server = LiveServer(gcnn, "--engine-process", "--max-num-seqs", "1", "--max-queue", "1",
+                        "--max-tokens-limit", "2000", module="tests.server.api.held_outputs_serve")
+    try:
+        server.wait_ready()
+        url = server.url
+        with long_stream(url, "tiny-gcnn") as running:
+            assert running.status_code == 200
+            assert wait_for(lambda: metric(url, "quill_num_requests_running", "tiny-gcnn") == 1)
+            with long_stream(url, "tiny-gcnn") as queued:  # waiting: the one batch slot is taken
+                assert queued.status_code == 200
+                refused = httpx.post(f"{url}/v1/completions", timeout=10, json={
+                    "model": "tiny-gcnn", "prompt": "x", "max_tokens": 5, "stream": True})
+    finally:
+        server.process.send_signal(signal.SIGUSR1)
+        server.stop()
     assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
     assert "queue is full" in refused.json()["error"]["message"]
 

@@ -17,6 +17,7 @@ import pytest
 
 from tests.server.api.conftest import LiveServer
 from tests.server.api.held_engine_serve import HELD_MESSAGE
+from tests.server.api.held_outputs_serve import HELD_MESSAGE as HELD_OUTPUTS
 
 
 def metric(url: str, name: str, model: str) -> float:
@@ -116,8 +117,10 @@ def test_metrics_pass_promtool(live_server):
 
 @pytest.mark.parametrize("engine", ["--no-engine-process", "--engine-process"])
 def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_checkpoints, engine):
-    # Long requests (so the drain is observable even on an idle machine) and a generous drain period.
-    server = LiveServer(tiny_checkpoints, "--drain-seconds", "60", "--max-tokens-limit", "2000", engine)
+    # The engine holds at its first step that runs a request until SIGUSR1 (held_outputs_serve): SIGTERM comes once
+    # all four requests are in flight, and they are still in flight then, however fast the machine generates.
+    lstm = {"tiny-lstm": tiny_checkpoints["tiny-lstm"]}
+    server = LiveServer(lstm, "--drain-seconds", "60", engine, module="tests.server.api.held_outputs_serve")
     server.wait_ready()
     results = {}
 
@@ -125,7 +128,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_checkpoints, eng
         # A timeout well past the drain's own length: on a loaded machine these take tens of seconds.
         try:
             r = httpx.post(f"{server.url}/v1/completions", timeout=150, json={
-                "model": "tiny-lstm", "prompt": "To be", "max_tokens": 1500, "n": 2, "ignore_eos": True})
+                "model": "tiny-lstm", "prompt": "To be", "max_tokens": 200, "n": 2, "ignore_eos": True})
         except httpx.HTTPError as e:
             results[i] = None, repr(e)
             return
@@ -134,14 +137,16 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_checkpoints, eng
     workers = [threading.Thread(target=long_request, args=(i,)) for i in range(4)]
     for w in workers:
         w.start()
-    deadline = time.monotonic() + 10
-    while metric(server.url, "quill_num_requests_running", "tiny-lstm") < 4 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    server.process.send_signal(signal.SIGTERM)
-    time.sleep(0.05)
-    ready = httpx.get(f"{server.url}/ready", timeout=5)
-    refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=5)
-    still_running = metric(server.url, "quill_num_requests_running", "tiny-lstm")
+    try:
+        deadline = time.monotonic() + 60  # only a bound: held, the engine lets none of them finish
+        while f"{HELD_OUTPUTS}: 4" not in server.output() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        server.process.send_signal(signal.SIGTERM)
+        ready = httpx.get(f"{server.url}/ready", timeout=5)  # the handler has run before the server reads this
+        refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=5)
+        still_running = metric(server.url, "quill_num_requests_running", "tiny-lstm")
+    finally:
+        server.process.send_signal(signal.SIGUSR1)  # the engine goes on: the drain lets every request finish
     for w in workers:
         w.join(timeout=160)
     server.process.wait(timeout=60)
@@ -149,7 +154,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(tiny_checkpoints, eng
     assert ready.status_code == 503 and refused.status_code == 503
     for status, body in results.values():  # in-flight requests ran to the end
         assert status == 200, body
-        assert body["usage"]["completion_tokens"] == 2 * 1500
+        assert body["usage"]["completion_tokens"] == 2 * 200
     assert len(results) == 4 and server.process.returncode == 0
 
 

@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 import threading
-import time
 
 import pytest
 import torch
@@ -82,6 +81,17 @@ def test_a_full_queue_in_the_engine_process_is_raised_as_queue_full(tiny_checkpo
     monkeypatch.setattr(ProcessEngine, "num_pending", property(lambda self: 0))
     engine.start()
     params = SamplingParams(max_tokens=2, ignore_eos=True)
+    sent, all_sent = [], threading.Event()
+    real_send = engine._send_or_fail
+
+    def send(messages):  # on the sender thread: the three adds are in the pipe once this has run for them
+        written = real_send(messages)
+        sent.extend(messages)
+        if len(sent) >= 3:
+            all_sent.set()
+        return written
+
+    monkeypatch.setattr(engine, "_send_or_fail", send)
 
     async def outcome(stream):
         try:
@@ -93,7 +103,7 @@ def test_a_full_queue_in_the_engine_process_is_raised_as_queue_full(tiny_checkpo
         os.kill(engine.pid, signal.SIGSTOP)  # all three arrive together, before a step admits the first
         try:
             streams = [engine.submit([1, 2], params) for _ in range(3)]
-            await asyncio.sleep(0.2)
+            assert all_sent.wait(30)  # the held core then reads all three before its next step
         finally:
             os.kill(engine.pid, signal.SIGCONT)
         return [await outcome(s) for s in streams]
@@ -130,17 +140,33 @@ def test_a_load_error_is_told_plainly(tmp_path):
     assert not engine.is_alive
 
 
-def test_a_stop_ends_an_engine_process_that_is_still_loading(tiny_checkpoints):
+def test_a_stop_ends_an_engine_process_that_is_still_loading(tiny_checkpoints, monkeypatch):
     """The server stopping while an engine process loads (it ignores SIGTERM) ends it at once; one asked to
     start after the stop never starts."""
-    stop = threading.Event()
+    stop, rescued = threading.Event(), threading.Event()
     engine = ProcessEngine(spec(tiny_checkpoints["tiny-lstm"]))
-    timer = threading.Timer(0.2, stop.set)  # long before a spawned interpreter has imported torch
-    timer.start()
-    started = time.monotonic()
-    with pytest.raises(EngineStartCancelled, match="began to stop while its engine process loaded"):
-        engine.start(stop)
-    assert time.monotonic() - started < 5
+    real_first_message = engine._first_message
+
+    def rescue():  # a start() that waited for the load would wait for ever: let the load go on, and fail
+        rescued.set()
+        os.kill(engine.pid, signal.SIGCONT)
+
+    rescue_timer = threading.Timer(30, rescue)
+
+    def stopped_while_loading(stop_event):
+        # Just spawned, long before it can have loaded, the process is held (SIGSTOP): its load cannot finish.
+        os.kill(engine.pid, signal.SIGSTOP)
+        rescue_timer.start()
+        stop.set()
+        return real_first_message(stop_event)
+
+    monkeypatch.setattr(engine, "_first_message", stopped_while_loading)
+    try:
+        with pytest.raises(EngineStartCancelled, match="began to stop while its engine process loaded"):
+            engine.start(stop)
+    finally:
+        rescue_timer.cancel()
+    assert not rescued.is_set()
     assert engine.pid is not None and not engine._process.is_alive() and not engine.is_alive
     later = ProcessEngine(spec(tiny_checkpoints["tiny-lstm"]))
     with pytest.raises(EngineStartCancelled, match="before its engine process started"):
@@ -170,16 +196,28 @@ def test_a_dead_engine_process_fails_open_streams_and_new_requests(tiny_checkpoi
 
 
 def read_after_the_engine_finishes(tiny_checkpoints, params: SamplingParams) -> list:
-    """One request's outputs, read once at the start and then only after the engine has finished it."""
+    """One request's outputs: read once after the engine's first step, then only after the engine has finished
+    it. The engine is held (in its stats hook, which runs after a step's outputs were handed to the event loop)
+    until the first read is done, and the event loop reads nothing more until the engine is idle: what is read
+    depends on that order alone, not on how fast the engine runs."""
     engine = AsyncEngine(load(tiny_checkpoints["tiny-lstm"]), CONFIG)
+    first_read, finished = threading.Event(), threading.Event()
+
+    def after_step(stats):  # on the engine thread
+        if stats.step_num_seqs:
+            first_read.wait(30)  # held until the first read (30 s: a bound for a failing test only)
+        elif first_read.is_set() and stats.num_running == stats.num_waiting == 0:
+            finished.set()  # the idle report after the last step: every output has been handed over
+
+    engine.on_stats = after_step
     engine.start()
 
     async def main():
         stream = engine.submit([1, 2, 3], params)
         outs = [await stream.__anext__()]
-        for _ in range(200):  # let the engine finish while nobody reads
-            if engine.core.has_work():
-                await asyncio.sleep(0.01)
+        first_read.set()
+        # Blocks this event loop, so the engine's outputs queue up behind it unread; a bound, not a guess.
+        assert finished.wait(30)
         outs += [out async for out in stream]
         return outs
 
@@ -225,7 +263,7 @@ def test_a_slow_reader_of_logprobs_gets_joined_outputs_with_every_logprob(tiny_c
     """Outputs that waited are joined for requests with log-probabilities too, each token's entry kept."""
     outs = read_after_the_engine_finishes(tiny_checkpoints, SamplingParams(max_tokens=6, temperature=0,
                                                                            ignore_eos=True, logprobs=1))
-    assert len(outs) <= 2 and sum(len(o.outputs[0].token_ids) for o in outs) == 6
+    assert len(outs) == 2 and sum(len(o.outputs[0].token_ids) for o in outs) == 6
     assert all(len(o.outputs[0].logprobs) == len(o.outputs[0].token_ids) for o in outs)
     assert all(len(e.top) == 1 for o in outs for e in o.outputs[0].logprobs)
 
@@ -237,23 +275,25 @@ def test_submitting_never_waits_for_a_busy_engine_process(tiny_checkpoints):
     engine.start()
     # What fills the pipe is bytes: a long stop string makes each request ~10 KiB without a long prefill.
     params = SamplingParams(max_tokens=2, ignore_eos=True, stop=["never seen " * 1000])
+    rescued = threading.Event()
+
+    def rescue():  # a submit that waited for the held engine would wait for ever: let it go on, and fail
+        rescued.set()
+        os.kill(engine.pid, signal.SIGCONT)
 
     async def main():
         os.kill(engine.pid, signal.SIGSTOP)
-        resume = threading.Timer(5.0, os.kill, (engine.pid, signal.SIGCONT))  # if submitting blocks after all
+        resume = threading.Timer(5.0, rescue)
         resume.start()
-        started = time.perf_counter()
         streams = [engine.submit([1, 2, 3], params) for _ in range(100)]  # ~15 times what a pipe buffers
-        submitting = time.perf_counter() - started
         resume.cancel()
         os.kill(engine.pid, signal.SIGCONT)
-        outs = [[out async for out in stream] for stream in streams]
-        return submitting, outs
+        return [[out async for out in stream] for stream in streams]
 
     try:
-        submitting, outs = asyncio.run(main())
+        outs = asyncio.run(main())
     finally:
         engine.shutdown()
-    assert submitting < 1.0
+    assert not rescued.is_set()  # every submit returned while the engine was still held
     assert all(o[-1].finished and o[-1].error is None for o in outs)
     assert sum(len(out.outputs[0].token_ids) for o in outs for out in o) == 200
