@@ -41,7 +41,9 @@ STRATEGIES = {
 class SoakResult:
     requests: int = 0
     completed: int = 0
-    disconnected: int = 0
+    leavers: int = 0  # clients that meant to leave early (those whose answer came first completed instead)
+    disconnected: int = 0  # clients that did leave before their answer ended
+    sure_leavers: int = 0  # streamed ones leaving after the first event, which every stream has before its end
     malformed: int = 0
     statuses: dict = field(default_factory=dict)
     server_5xx: int = 0
@@ -77,6 +79,7 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, models: lis
     n = body.get("n", 1)
     leave = rng.random() < disconnect_fraction
     result.requests += 1
+    result.leavers += leave
     try:
         if body["stream"]:
             events = []
@@ -86,6 +89,7 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, models: lis
                     await r.aread()
                     return
                 stop_after = rng.randint(1, 6) if leave else None
+                result.sure_leavers += stop_after == 1
                 async for line in r.aiter_lines():
                     if line.startswith("data: "):
                         data = line[6:]

@@ -20,7 +20,10 @@ def test_short_soak_leaves_nothing_behind(tiny_checkpoints):
         log = server.stop()
     assert result.requests == 160
     assert result.server_5xx == 0 and result.malformed == 0, result
-    assert result.disconnected > 10 and result.completed > 80
+    # Who leaves is the seed's choice; whether a leaver's answer ended first is the machine's speed, except for
+    # streams left after their first event (a fast server merges tokens into fewer events, a slow one answers late)
+    assert result.leavers > 20 and result.completed > 80
+    assert result.sure_leavers <= result.disconnected <= result.leavers and result.sure_leavers >= 2
     assert all(v == 0 for v in result.leftover.values()), result.leftover
     assert result.rss_after_mib < result.rss_before_mib + 200  # bounded: no per-request growth worth the name
     assert "Traceback" not in log
