@@ -17,8 +17,8 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import IO
 from contextlib import contextmanager, nullcontext
+from typing import IO
 
 from clients.ready import wait_until_ready
 from server.config import ServerConfig, add_serve_arguments, config_from_args

@@ -23,7 +23,6 @@ from .beam_search import BeamSearch
 from .cuda_graphs import CudaGraphs, GraphCapture, GraphCaptureError
 from .current_device import make_current
 from .graph_buckets import graph_batch_sizes
-from .warmup import warm_attention_variants
 from .output_processor import OutputProcessor
 from .overlap import can_overlap, is_live, live_work, next_decode
 from .outputs import RequestOutput
@@ -31,6 +30,7 @@ from .runner import ModelRunner, PendingStep, StepResult
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import Sequence, SequenceGroup
 from .state_kinds import plan_state
+from .warmup import warm_attention_variants
 
 log = logging.getLogger("quill.engine")
 
@@ -119,8 +119,8 @@ class EngineCore:
         self.groups: dict[str, SequenceGroup] = {}
         self._seq_ids = itertools.count()
         self.last_step = StepStats()
-        self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
-                                 else loaded.device.type == "cuda")
+        overlap = self.config.async_scheduling
+        self.async_scheduling = overlap if overlap is not None else loaded.device.type == "cuda"
         self._in_flight: PendingStep | None = None  # a launched step not yet committed (async_scheduling)
         self.num_overlapped_steps = 0  # steps launched while the one before was in flight
 

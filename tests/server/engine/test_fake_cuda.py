@@ -125,6 +125,7 @@ def test_overlapped_scheduling_is_on_by_default_on_cuda_only(tiny_tokenizer):
         assert cuda_engine("transformer-llama", tiny_tokenizer, async_scheduling=False).async_scheduling is False
     cpu = cuda_engine("transformer-llama", tiny_tokenizer, async_scheduling=None, device=torch.device("cpu"))
     assert cpu.async_scheduling is False
+    assert EngineCore(cpu.loaded).async_scheduling is False  # no config given: the defaults, decided the same way
     assert cuda_engine("lstm", tiny_tokenizer, async_scheduling=True, device=torch.device("cpu")).async_scheduling
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from server.engine.warmup import QUERY_LENS, warm_attention_variants
-from tests.conftest import build_tiny_model
+from tests.conftest import KERNEL_DEVICE, build_tiny_model
 
 pytest.importorskip("triton", reason="needs the triton package (the test extra installs it on Linux x86-64)")
 
@@ -14,9 +14,7 @@ pytest.importorskip("triton", reason="needs the triton package (the test extra i
 def test_one_step_per_tile_size_reaches_the_kernel(key, monkeypatch):
     from models.attention import triton_kernel
 
-    if not triton_kernel.is_interpreted():
-        pytest.skip("the kernel runs on the CPU only in Triton's interpreter")
-    _, model = build_tiny_model(key, 300, device="cpu")
+    _, model = build_tiny_model(key, 300, device=KERNEL_DEVICE)  # compiled on a GPU, interpreted on a CPU
     model.attention_backend = "triton"
     tiles = []
     real = triton_kernel.paged_attention
