@@ -15,6 +15,9 @@ a single device-to-host copy.
 `launch` stops before the host waits for that copy: it returns a `PendingStep` whose `result()` waits.
 With overlapped scheduling the engine launches the next decode step in between, its input tokens
 taken on the device from this step's sampled ids (`inputs_from`), so the GPU never waits for the host.
+When that step decodes the very sequences of the one before, in order (the steady state), it reuses the
+host's inputs of that step: the buffers on the device already hold them but the positions, moved one on
+there, so no per-sequence pass packs, uploads or gathers sampling settings (`_repeat_of`).
 """
 
 from __future__ import annotations
@@ -76,7 +79,10 @@ class _Transfer:
         """Queue the copy; on CUDA it goes into pinned memory without blocking and an event marks its end."""
         if not self.parts:
             return _Arrival(None, None, [])
-        flat = torch.cat([p.reshape(-1).to(torch.float64) for p in self.parts])
+        if len(self.parts) == 1:  # the common step: token ids alone
+            flat = self.parts[0].reshape(-1).to(torch.float64, copy=True)
+        else:
+            flat = torch.cat([p.reshape(-1).to(torch.float64) for p in self.parts])
         event = None
         if flat.device.type == "cuda":
             host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
@@ -117,6 +123,8 @@ class PendingStep:
     sampled_ids: torch.Tensor | None  # (rows,) int64, the tokens chosen for `sampled_seqs`
     arrival: _Arrival
     build: Callable[[list[list[float]]], StepResult]
+    reusable: "_DecodeInputs | None" = None  # what the next decode step of the same sequences takes over
+
 
     def result(self) -> StepResult:
         return self.build(self.arrival.wait())
@@ -146,6 +154,7 @@ class ModelRunner:
         # Decode steps replayed as graphs (see capture_graphs); none until captured, so every step runs eagerly.
         self.graph_sizes: list[int] = []
         self.graphs: dict[int, Replay] = {}
+        self.num_reused_steps = 0  # decode steps launched on the step before's inputs (`_repeat_of`)
 
     # ---- the step ------------------------------------------------------------------------
 
@@ -160,17 +169,51 @@ class ModelRunner:
         self.layout.apply(batch.cache_ops)
         if batch.admitted:
             self.sampling.write([g.slot for g in batch.admitted], [g.params for g in batch.admitted])
-        packed, logit_rows = self._pack(batch.work)
-        masks = self.grammar_masks.start(logit_rows.next_token_seqs())  # filled while the model runs
-        if inputs_from is not None:
-            packed.token_source = self._token_source(batch, inputs_from)
+        repeat = self._repeat_of(batch, inputs_from)
+        if repeat is not None:  # the inputs on the device are the last step's, one position on
+            packed, logit_rows, plan = repeat.packed, repeat.logit_rows, repeat.plan
+            packed.token_source = inputs_from.sampled_ids
+            packed.longest += 1
+            self._splice_tokens(packed)
+            self.positions[: len(packed.positions)].add_(1)
+            masks = None
+            self.num_reused_steps += 1
+        else:
+            packed, logit_rows = self._pack(batch.work)
+            masks = self.grammar_masks.start(logit_rows.next_token_seqs())  # filled while the model runs
+            plan = self._plan_sampling(logit_rows, masks)
+            if inputs_from is not None:
+                packed.token_source = self._token_source(batch, inputs_from)
         size = choose_bucket(packed.query_lens, self.graph_sizes)
         if size is None:
             logit_rows.argmax_only = self._argmax_only(logit_rows, len(packed.rows))
-            logits = self.model.step(self._step_batch(packed, logit_rows.argmax_only), self.state)  # (logit rows, V)
+            step = self._step_batch(packed, logit_rows.argmax_only, upload=repeat is None)
+            logits = self.model.step(step, self.state)  # (logit rows, V)
         else:
-            logits = self._replay(packed, size)
-        return self._read_out(batch, logits, logit_rows, masks)
+            logits = self._replay(packed, size, fill=repeat is None)
+        if repeat is None and self._reusable(packed, logit_rows, plan):
+            repeat = _DecodeInputs(packed, logit_rows, plan)
+        return self._read_out(batch, logits, logit_rows, masks, plan, repeat)
+
+    def _repeat_of(self, batch: ScheduledBatch, previous: PendingStep | None) -> "_DecodeInputs | None":
+        """The host inputs of `previous` when `batch` decodes exactly its sequences again, in the same order: then
+        only the input tokens (the sampled ids, already on the device) and the positions (one on) change, and the
+        step skips packing, uploading and gathering its sampling settings, a pass over every sequence each."""
+        if previous is None or previous.reusable is None:
+            return None
+        before = previous.batch.work
+        if len(batch.work) != len(before) or batch.admitted or not all(
+            a is b for (a, _), (b, _) in zip(batch.work, before)
+        ):
+            return None
+        return previous.reusable
+
+    @staticmethod
+    def _reusable(packed: "_Packed", logit_rows: "_LogitRows", plan: "_SamplingPlan | None") -> bool:
+        """Whether a step's host inputs serve the next step of the same sequences (`_repeat_of`): every sequence
+        decodes one token and samples it with settings that do not change from step to step."""
+        return (plan is not None and plan.reusable and not logit_rows.beam_rows and not logit_rows.scored
+                and len(packed.tokens) == len(packed.query_lens))
 
     def _token_source(self, batch: ScheduledBatch, previous: PendingStep) -> torch.Tensor:
         """(rows,) the input token of each of `batch`'s sequences, picked from the previous step's sampled ids."""
@@ -219,9 +262,11 @@ class ModelRunner:
         self._upload(self.positions, pad_rows(packed.positions, size, 0))
         self._upload(self.table_rows, pad_rows(packed.table_rows, size, self.table.padding_row))
 
-    def _replay(self, packed: "_Packed", size: int) -> torch.Tensor:
-        """The step's logit rows, from the bucket's graph; padding rows' logits are never read."""
-        self._fill_bucket(packed, size)
+    def _replay(self, packed: "_Packed", size: int, fill: bool = True) -> torch.Tensor:
+        """The step's logit rows, from the bucket's graph; padding rows' logits are never read. `fill`: write the
+        inputs into the buffers (False: they are there already)."""
+        if fill:
+            self._fill_bucket(packed, size)
         logits = self.graphs[size]()  # (size, V): a row per sequence
         rows = packed.rows
         if rows == list(range(len(rows))):
@@ -288,37 +333,41 @@ class ModelRunner:
             marks[row] = seq.group.params.needs_only_argmax(seq.num_output_tokens)
         return to_device(marks, self.device, torch.bool) if any(marks) else None
 
-    def _step_batch(self, packed: "_Packed", argmax_only: torch.Tensor | None = None) -> StepBatch:
+    def _step_batch(self, packed: "_Packed", argmax_only: torch.Tensor | None = None, upload: bool = True) -> StepBatch:
         """An eager step's input: the fronts of the persistent buffers, block tables as wide as the longest
-        sequence of the step needs."""
-        token_ids = self._upload(self.token_ids, packed.tokens)
-        self._splice_tokens(packed)
+        sequence of the step needs. `upload`: copy `packed` into the buffers (False: they hold it already)."""
+        put = self._upload if upload else lambda buffer, values: buffer[: len(values)]
+        token_ids = put(self.token_ids, packed.tokens)
+        if upload:
+            self._splice_tokens(packed)
         step = StepBatch(
             token_ids=token_ids,
-            positions=self._upload(self.positions, packed.positions),
+            positions=put(self.positions, packed.positions),
             query_lens=packed.query_lens,
-            logits_indices=self._upload(self.logits_indices, packed.rows),
+            logits_indices=put(self.logits_indices, packed.rows),
             argmax_only=argmax_only,
         )
-        rows = self._upload(self.table_rows, packed.table_rows)
+        rows = put(self.table_rows, packed.table_rows)
         self.layout.locate(step, self.table.gather(rows, self.layout.columns(packed.longest)))
         return step
 
     def _read_out(self, batch: ScheduledBatch, logits: torch.Tensor, logit_rows: "_LogitRows",
-                  masks: PendingMasks | None) -> PendingStep:
+                  masks: PendingMasks | None, plan: "_SamplingPlan | None",
+                  reusable: "_DecodeInputs | None") -> PendingStep:
         transfer = _Transfer()
-        sampled = self._sample(logits, logit_rows, transfer, masks)
+        sampled = self._sample(logits, plan, transfer)
         beams = self._rank_beams(logits, logit_rows, transfer, masks)
         scored = self._score_prompts(logits, logit_rows, transfer)
         arrival = transfer.start()  # the step's one device-to-host copy
         ids = transfer.parts[0] if logit_rows.sampled else None  # `_sample` queues its token ids first
-        return PendingStep(batch, [seq for seq, _ in logit_rows.sampled], ids, arrival,
-                           lambda host: StepResult(sampled(host), beams(host), scored(host)))
+        return PendingStep(batch, plan.seqs if plan is not None else [], ids, arrival,
+                           lambda host: StepResult(sampled(host), beams(host), scored(host)), reusable)
 
     # ---- sampling ------------------------------------------------------------------------
 
-    def _sample(self, logits: torch.Tensor, logit_rows: "_LogitRows", transfer: _Transfer,
-                masks: PendingMasks | None):
+    def _plan_sampling(self, logit_rows: "_LogitRows", masks: PendingMasks | None) -> "_SamplingPlan | None":
+        """The host's half of sampling: which logits rows sample for whom, and the sampler's settings gathered on
+        the device; None when no sequence samples this step."""
         rows, slots, params, generators, owners = [], [], [], [], []
         needs_tokens = False
         for seq, row in logit_rows.sampled:
@@ -334,7 +383,7 @@ class ModelRunner:
             owners.append((seq, len(indices)))
             needs_tokens = needs_tokens or p.has_penalties or p.min_tokens > 0
         if not rows:
-            return lambda host: []
+            return None
         prompt_ids = output_ids = None
         if needs_tokens:
             expanded = [seq for seq, count in owners for _ in range(count)]
@@ -347,18 +396,31 @@ class ModelRunner:
             self._upload(self.sample_slots, slots), params, generators, prompt_ids, output_ids,
             self.loaded.eos_token_ids, allowed,
         )
-        picked = None  # None: every row, in order
-        if len(rows) != logits.shape[0] or rows != list(range(len(rows))):
-            picked = to_device(rows, logits.device)
-            logits = logits.index_select(0, picked)
+        picked = None if rows == list(range(len(rows))) else to_device(rows, self.device)  # None: rows 0, 1, ...
+        # Settings that change from step to step (penalties, min_tokens bans, grammar masks) cannot be reused.
+        plain = len(rows) == len(owners) and not any(p.scores_samples for p in params)  # no scores, no logprobs
+        return _SamplingPlan([seq for seq, _ in logit_rows.sampled], len(rows), picked, sbatch, owners,
+                             reusable=not needs_tokens and allowed is None, plain=plain)
+
+    def _sample(self, logits: torch.Tensor, plan: "_SamplingPlan | None", transfer: _Transfer):
+        if plan is None:
+            return lambda host: []
+        if plan.picked is not None:
+            logits = logits.index_select(0, plan.picked)
+        elif logits.shape[0] != plan.num_rows:
+            logits = logits[: plan.num_rows]
+        owners = plan.owners
         # An argmax-only row's log-probability is wrong (its one finite score normalizes to 0), and never read:
         # such a row's request does not score its samples (SamplingParams.needs_only_argmax).
-        out = sample(logits, sbatch)
+        out = sample(logits, plan.batch)
         ids = transfer.add(out.token_ids)
         lps = None if out.logprobs is None else transfer.add(out.logprobs)
         tops = None
         if out.top_ids is not None:
             tops = (transfer.add(out.top_ids), transfer.add(out.top_logprobs), out.top_ids.shape[1])
+
+        if plan.plain:
+            return lambda host: [(seq, [Sampled(int(token), 0.0, None)]) for (seq, _), token in zip(owners, host[ids])]
 
         def result(host: list[list[float]]) -> list[tuple[Sequence, list[Sampled]]]:
             token_ids = host[ids]
@@ -454,6 +516,28 @@ class _Packed:
     query_lens: list[int] = field(default_factory=list)
     longest: int = 0  # tokens of the step's longest sequence, counting its new ones
     token_source: torch.Tensor | None = None  # (rows,) input tokens already on the device (see `launch`)
+
+
+@dataclass(slots=True)
+class _SamplingPlan:
+    """A step's sampling, as far as the host decides it (see `_plan_sampling`)."""
+
+    seqs: list[Sequence]  # the sampling sequences, in the order of `_LogitRows.sampled`
+    num_rows: int  # sampler rows: one per sequence, n for a prompt that forks into n samples
+    picked: torch.Tensor | None  # (num_rows,) the logits row of each sampler row; None: rows 0, 1, ... in order
+    batch: object  # SamplingBatch
+    owners: list[tuple[Sequence, int]]  # each sequence and how many sampler rows it owns
+    reusable: bool  # nothing in it depends on this step's tokens
+    plain: bool  # one token per sequence, and none asks for log-probabilities or scores its samples
+
+
+@dataclass(slots=True)
+class _DecodeInputs:
+    """A decode step's host inputs, which the next step of the same sequences reuses (ModelRunner._repeat_of)."""
+
+    packed: "_Packed"
+    logit_rows: "_LogitRows"
+    plan: _SamplingPlan
 
 
 @dataclass

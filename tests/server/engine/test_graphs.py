@@ -69,9 +69,9 @@ def record_replays(engine) -> list[tuple[int, int]]:
     """(real sequences, bucket) of every replayed step, from here on."""
     runner, seen, replay = engine.runner, [], engine.runner._replay
 
-    def recording(packed, size):
+    def recording(packed, size, fill=True):
         seen.append((len(packed.tokens), size))
-        return replay(packed, size)
+        return replay(packed, size, fill)
 
     runner._replay = recording
     return seen

@@ -114,6 +114,8 @@ def test_scripted_mix_matches_sync_and_overlaps(tiny_tokenizer, state_kind):
     assert overlapped == sync
     assert {r[0]["finish_reason"] for r in sync.values()} >= {"length", "stop"}
     assert engine.num_overlapped_steps > 20
+    # Most overlapped steps decode the same sequences as the step before, on its inputs moved one position on.
+    assert 10 < engine.runner.num_reused_steps < engine.num_overlapped_steps
 
 
 def test_eos_stop_matches_sync(tiny_tokenizer):
@@ -247,7 +249,7 @@ def test_real_models_with_beams_and_samples_match_sync(tiny_tokenizer, arch):
     sync, overlapped, engine = both(make, arrivals)
     assert_same_answers(overlapped, sync, arrivals)
     assert len(sync["n2"]) == 2 and len(sync["beam"]) == 2
-    assert engine.num_overlapped_steps > 5
+    assert engine.num_overlapped_steps > 5 and engine.runner.num_reused_steps > 0  # block boundaries (size 4) crossed
 
 
 @pytest.mark.parametrize("arch", ["lstm", "transformer-llama"])
@@ -271,6 +273,7 @@ def test_overlapped_steps_replay_graphs_with_the_eager_answers(tiny_tokenizer, a
             assert (have["token_ids"], have["text"], have["finish_reason"]) == \
                 (want["token_ids"], want["text"], want["finish_reason"]), (request_id, index)
     assert engine.num_overlapped_steps > 10 and len(replays) > engine.num_overlapped_steps
+    assert 5 < engine.runner.num_reused_steps < engine.num_overlapped_steps
     assert any(real < size for real, size in replays) and len({size for _, size in replays}) >= 3, replays
     assert_drained(engine)
 
