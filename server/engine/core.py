@@ -230,10 +230,11 @@ class EngineCore:
         if following is not None:
             self._in_flight = self.runner.launch(following, inputs_from=previous)
             self.num_overlapped_steps += 1
-            self.last_step = StepStats(len(following.work), following.num_tokens)
+            self.last_step = StepStats(len(following.work), len(following.work))  # a token each
         result = previous.result()
         self.cache.step_finished()  # the keys its commit registered above are now safe past a fault
-        result.sampled = [(seq, chosen) for seq, chosen in result.sampled if is_live(seq)]  # no token after an abort
+        if len(live.work) < len(previous.batch.work):  # no token after an abort
+            result.sampled = [(seq, chosen) for seq, chosen in result.sampled if is_live(seq)]
         return self._update(previous.batch, result)
 
     def _update(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
