@@ -212,8 +212,8 @@ class ModelRunner:
     def _reusable(packed: "_Packed", logit_rows: "_LogitRows", plan: "_SamplingPlan | None") -> bool:
         """Whether a step's host inputs serve the next step of the same sequences (`_repeat_of`): every sequence
         decodes one token and samples it with settings that do not change from step to step."""
-        return (plan is not None and plan.reusable and not logit_rows.beam_rows and not logit_rows.scored
-                and len(packed.tokens) == len(packed.query_lens))
+        return (plan is not None and plan.reusable and plan.num_rows == len(plan.owners) and not logit_rows.beam_rows
+                and not logit_rows.scored and len(packed.tokens) == len(packed.query_lens))
 
     def _token_source(self, batch: ScheduledBatch, previous: PendingStep) -> torch.Tensor:
         """(rows,) the input token of each of `batch`'s sequences, picked from the previous step's sampled ids."""
