@@ -125,7 +125,6 @@ class PendingStep:
     build: Callable[[list[list[float]]], StepResult]
     reusable: "_DecodeInputs | None" = None  # what the next decode step of the same sequences takes over
 
-
     def result(self) -> StepResult:
         return self.build(self.arrival.wait())
 
