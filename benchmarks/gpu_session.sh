@@ -18,6 +18,9 @@
 # (benchmarks/interruptible.py): pytest still writes its report, and the benchmark stops its server and
 # deletes its checkpoint (SIGKILL 30 s later).
 #
+# PACK=1 (for the device tool, which brings back at most 8 files from $OUT): at the end every file under $OUT goes
+# into $OUT/session.tar.gz, and only it, tests-summary.txt, gpu_table.md and versions.txt stay beside it.
+#
 # Environment, with defaults: OUT=runs/gpu  STAGES="kernels engine api bench" ("tests": the three test stages;
 # "custom": pytest over $TESTS)  SHAPES="gpt2 llama3.2-1b"  PARTS=(all)  DEVICE=cuda  DTYPE=bfloat16
 # TEST_WORKERS=0 (pytest-xdist processes, if its wheel is in .whl/)  BUDGET=570  KERNELS_TIMEOUT=90
@@ -144,6 +147,12 @@ if [[ " $STAGES " == *" bench "* ]]; then
     "$PYTHON" -m benchmarks.gpu_report "$OUT"/gpu_bench-*.json > "$OUT/gpu_table.md" 2>&1
     cat "$OUT/gpu_table.md"
   fi
+fi
+
+if [[ ${PACK:-0} == 1 ]]; then
+  tar -czf "$OUT.tar.gz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$OUT.tar.gz" "$OUT/session.tar.gz"
+  tar -xzf "$OUT/session.tar.gz" -C "$OUT" --wildcards ./tests-summary.txt ./gpu_table.md ./versions.txt 2>/dev/null
+  echo "== packed: $(ls "$OUT")"
 fi
 
 echo "== after $(( SECONDS - start ))s:"

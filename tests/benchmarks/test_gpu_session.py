@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tarfile
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -36,3 +37,21 @@ def test_the_whole_session_runs_on_the_cpu_and_writes_every_file(tmp_path):
     results = json.loads((out / "gpu_bench-gpt2.json").read_text())
     assert results["shapes"]["gpt2"]["errors"] == {} and results["shapes"]["gpt2"]["http"]["num_ok"] > 0
     assert "Quill over HTTP" in (out / "gpu_table.md").read_text()
+
+
+def test_a_packed_session_leaves_its_files_in_one_archive(tmp_path):
+    """PACK=1: the device tool brings back at most 8 files, so everything goes into one archive beside the summary."""
+    out = tmp_path / "gpu"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUILL_")} | dict(
+        OUT=str(out), DEVICE="cpu", STAGES="custom", TESTS="tests/server/engine/test_table_edits.py", PACK="1",
+        PYTHON=sys.executable, WHEELS=str(tmp_path / "no-wheels"), BUDGET="120",
+    )
+    run = subprocess.run(["bash", "benchmarks/gpu_session.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["session.tar.gz", "tests-summary.txt", "versions.txt"]
+    with tarfile.open(out / "session.tar.gz") as archive:
+        names = {Path(name).name for name in archive.getnames()}
+        suite = ET.parse(archive.extractfile("./tests-custom.xml")).getroot().find("testsuite")
+    assert {"tests-custom.log", "tests-custom.xml", "tests-summary.txt", "versions.txt"} <= names
+    assert int(suite.get("tests")) > 0 and suite.get("failures") == suite.get("errors") == "0"
