@@ -151,7 +151,7 @@ fi
 
 if [[ ${PACK:-0} == 1 ]]; then
   tar -czf "$OUT.tar.gz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$OUT.tar.gz" "$OUT/session.tar.gz"
-  tar -xzf "$OUT/session.tar.gz" -C "$OUT" --wildcards ./tests-summary.txt ./gpu_table.md ./versions.txt 2>/dev/null
+  tar -xzf "$OUT/session.tar.gz" -C "$OUT" ./tests-summary.txt ./gpu_table.md ./versions.txt 2>/dev/null
   echo "== packed: $(ls "$OUT")"
 fi
 

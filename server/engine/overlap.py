@@ -18,7 +18,7 @@ token is dropped, never committed nor emitted, and the sequence's cache was free
 from __future__ import annotations
 
 from .scheduler import ScheduledBatch, Scheduler
-from .sequence import Sequence, Status
+from .sequence import Sequence
 
 
 def is_live(seq: Sequence) -> bool:
@@ -43,8 +43,7 @@ def can_overlap(batch: ScheduledBatch) -> bool:
 
 def live_work(batch: ScheduledBatch) -> ScheduledBatch:
     """The batch without the sequences that finished or were aborted since it was scheduled."""
-    return ScheduledBatch(work=[(seq, n) for seq, n in batch.work if seq.finish_reason is None
-                                and seq.group.status is not Status.FINISHED])  # is_live, inlined: a pass a step
+    return ScheduledBatch(work=[(seq, n) for seq, n in batch.work if is_live(seq)])
 
 
 def next_decode(scheduler: Scheduler, live: ScheduledBatch) -> ScheduledBatch | None:

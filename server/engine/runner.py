@@ -119,8 +119,8 @@ class PendingStep:
     """A launched step: its result arrives with `result()`; `sampled_ids` stay on the device for the next step."""
 
     batch: ScheduledBatch
-    sampled_seqs: list[Sequence]  # the sequence of each row of `sampled_ids`
-    sampled_ids: torch.Tensor | None  # (rows,) int64, the tokens chosen for `sampled_seqs`
+    sampling: "_SamplingPlan | None"  # whom each row of `sampled_ids` samples for (None: nobody samples)
+    sampled_ids: torch.Tensor | None  # (rows,) int64, the tokens chosen for its sequences
     arrival: _Arrival
     build: Callable[[list[list[float]]], StepResult]
     reusable: "_DecodeInputs | None" = None  # what the next decode step of the same sequences takes over
@@ -216,9 +216,10 @@ class ModelRunner:
 
     def _token_source(self, batch: ScheduledBatch, previous: PendingStep) -> torch.Tensor:
         """(rows,) the input token of each of `batch`'s sequences, picked from the previous step's sampled ids."""
-        row_of = {seq: i for i, seq in enumerate(previous.sampled_seqs)}
+        owners = previous.sampling.owners  # a row each: a decode step overlaps only when no prompt forks
+        row_of = {seq: i for i, (seq, _) in enumerate(owners)}
         rows = [row_of[seq] for seq, _ in batch.work]
-        if rows == list(range(len(previous.sampled_seqs))):
+        if rows == list(range(len(owners))):
             return previous.sampled_ids
         return previous.sampled_ids.index_select(0, to_device(rows, self.device))
 
@@ -359,7 +360,7 @@ class ModelRunner:
         scored = self._score_prompts(logits, logit_rows, transfer)
         arrival = transfer.start()  # the step's one device-to-host copy
         ids = transfer.parts[0] if logit_rows.sampled else None  # `_sample` queues its token ids first
-        return PendingStep(batch, plan.seqs if plan is not None else [], ids, arrival,
+        return PendingStep(batch, plan, ids, arrival,
                            lambda host: StepResult(sampled(host), beams(host), scored(host)), reusable)
 
     # ---- sampling ------------------------------------------------------------------------
@@ -398,7 +399,7 @@ class ModelRunner:
         picked = None if rows == list(range(len(rows))) else to_device(rows, self.device)  # None: rows 0, 1, ...
         # Settings that change from step to step (penalties, min_tokens bans, grammar masks) cannot be reused.
         plain = len(rows) == len(owners) and not any(p.scores_samples for p in params)  # no scores, no logprobs
-        return _SamplingPlan([seq for seq, _ in logit_rows.sampled], len(rows), picked, sbatch, owners,
+        return _SamplingPlan(len(rows), picked, sbatch, owners,
                              reusable=not needs_tokens and allowed is None, plain=plain)
 
     def _sample(self, logits: torch.Tensor, plan: "_SamplingPlan | None", transfer: _Transfer):
@@ -521,11 +522,10 @@ class _Packed:
 class _SamplingPlan:
     """A step's sampling, as far as the host decides it (see `_plan_sampling`)."""
 
-    seqs: list[Sequence]  # the sampling sequences, in the order of `_LogitRows.sampled`
     num_rows: int  # sampler rows: one per sequence, n for a prompt that forks into n samples
     picked: torch.Tensor | None  # (num_rows,) the logits row of each sampler row; None: rows 0, 1, ... in order
     batch: object  # SamplingBatch
-    owners: list[tuple[Sequence, int]]  # each sequence and how many sampler rows it owns
+    owners: list[tuple[Sequence, int]]  # each sampling sequence (`_LogitRows.sampled`'s order), its sampler rows
     reusable: bool  # nothing in it depends on this step's tokens
     plain: bool  # one token per sequence, and none asks for log-probabilities or scores its samples
 
