@@ -5,9 +5,10 @@ thread; the engines start when all are loaded. A checkpoint that fails to load s
 the server with its error (exit code 2). SIGTERM: /ready and new generation requests
 answer 503, in-flight requests get up to `drain_seconds` to finish, then the process
 exits 0. Once no engine is alive (each lost its device, its process crashed or its loop broke),
-the server exits with ENGINES_DEAD_EXIT_CODE, so that a supervisor starts a fresh one. SIGTERM while the models load stops the loading (an engine process still
-loading is ended; a load in this process is waited for up to LOADER_STOP_SECONDS),
-shuts down the engines already started, starts none, and exits 0.
+the server exits with ENGINES_DEAD_EXIT_CODE, so that a supervisor starts a fresh one. SIGTERM
+while the models load stops the loading (an engine process still loading is ended; a load in
+this process is waited for up to LOADER_STOP_SECONDS), shuts down the engines already started,
+starts none, and exits 0.
 """
 
 from __future__ import annotations

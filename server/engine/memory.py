@@ -4,9 +4,9 @@ On CUDA, after the weights are loaded, one profiling step at the largest batch t
 (max_num_batched_tokens new tokens, logits for every row, as a step with prompt logprobs computes)
 measures the activations' peak, and the sampler at its costliest over max_num_seqs rows (penalties' token
 counts, top-k, top-p's sort, min-p, top log-probabilities: several batch x vocabulary copies) another; the
-larger counts, since the model's activations are freed before a step samples. The cache then takes what is left of `utilization` x the device's
-memory once the weights, that peak and the memory outside PyTorch's allocator (the CUDA context,
-other processes) are counted. The arithmetic is `kv_cache_bytes`, a pure function.
+larger counts, since the model's activations are freed before a step samples. The cache then takes what is
+left of `utilization` x the device's memory once the weights, that peak and the memory outside PyTorch's
+allocator (the CUDA context, other processes) are counted. The arithmetic is `kv_cache_bytes`, a pure function.
 
 CUDA graphs are reserved for here, before the cache is sized, rather than measured after: they are
 captured over the cache's own tensors, so they can only exist once the cache does, and a cache already
