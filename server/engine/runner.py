@@ -185,7 +185,8 @@ class ModelRunner:
                 packed.token_source = self._token_source(batch, inputs_from)
         size = choose_bucket(packed.query_lens, self.graph_sizes)
         if size is None:
-            logit_rows.argmax_only = self._argmax_only(logit_rows, len(packed.rows))
+            if repeat is None:  # a repeat's marks stand: its rows' settings never change (`_reusable`)
+                logit_rows.argmax_only = self._argmax_only(logit_rows, len(packed.rows))
             step = self._step_batch(packed, logit_rows.argmax_only, upload=repeat is None)
             logits = self.model.step(step, self.state)  # (logit rows, V)
         else:

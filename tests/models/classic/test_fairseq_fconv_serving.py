@@ -38,9 +38,10 @@ def adaptive_pair(tmp_path_factory):
     return converted_pair(tmp_path_factory.mktemp("fconv-adaptive"), True)
 
 
-def engine(loaded, budget=16) -> EngineCore:
+def engine(loaded, budget=16, async_scheduling=False) -> EngineCore:
     return EngineCore(loaded, EngineConfig(SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget),
-                                           CacheConfig(block_size=4, num_blocks=256)))
+                                           CacheConfig(block_size=4, num_blocks=256),
+                                           async_scheduling=async_scheduling))
 
 
 def reference_greedy(reference, prompt, n):
@@ -184,15 +185,20 @@ def run_requests(loaded, requests) -> dict:
     return run_to_completion(e)
 
 
-def test_greedy_requests_score_only_their_argmax(adaptive_pair, monkeypatch):
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])
+def test_greedy_requests_score_only_their_argmax(adaptive_pair, monkeypatch, overlap):
     reference, loaded = adaptive_pair
     calls = count_scoring(monkeypatch, loaded.model.adaptive_softmax)
-    results = run_requests(loaded, [(f"g{i}", SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
-                                    for i in range(len(PROMPTS))])
+    e = engine(loaded, async_scheduling=overlap)
+    for i, prompt in enumerate(PROMPTS):
+        e.add_request(f"g{i}", prompt, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    results = run_to_completion(e)
     for i, prompt in enumerate(PROMPTS):
         assert results[f"g{i}"][0]["token_ids"] == reference_greedy(reference, prompt, 10)
     assert sum(calls["greedy"]) >= 10 * len(PROMPTS)
     assert not any(calls["log_probs"])  # at most steps that score no row (prompt chunks that do not complete)
+    # Overlapped decode steps of the same sequences take over the step before's inputs, its argmax marks too.
+    assert (e.runner.num_reused_steps > 0) == overlap
 
 
 @pytest.mark.parametrize("requests", [MIXED[:1] * 4, MIXED], ids=["greedy", "mixed"])
