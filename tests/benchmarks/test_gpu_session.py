@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tarfile
 import sys
+import tarfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
