@@ -31,7 +31,7 @@ import torch
 from models.batch import StepBatch
 from models.checkpoint import LoadedModel
 from models.host_copy import to_device
-from server.sampling import prompt_logprobs, sample
+from server.sampling import SamplingBatch, prompt_logprobs, sample
 from server.sampling.beam import BeamRequest, beam_candidates
 from server.sampling.table import SamplingTable
 
@@ -525,7 +525,7 @@ class _SamplingPlan:
 
     num_rows: int  # sampler rows: one per sequence, n for a prompt that forks into n samples
     picked: torch.Tensor | None  # (num_rows,) the logits row of each sampler row; None: rows 0, 1, ... in order
-    batch: object  # SamplingBatch
+    batch: SamplingBatch  # the sampler's settings, gathered on the device
     owners: list[tuple[Sequence, int]]  # each sampling sequence (`_LogitRows.sampled`'s order), its sampler rows
     reusable: bool  # nothing in it depends on this step's tokens
     plain: bool  # one token per sequence, and none asks for log-probabilities or scores its samples
