@@ -17,9 +17,10 @@ def _bytes(module: nn.Module | None) -> int:
 
 def decode_read_bytes(model: nn.Module) -> int:
     """Bytes of weights a batch-1 decode step reads: all of them, less the tables it only looks rows up in."""
-    looked_up = _bytes(getattr(model, "pos_embed", None))
+    pos_embed = getattr(model, "pos_embed", None)
+    looked_up = _bytes(pos_embed)
     if getattr(model, "lm_head", None) is not None:  # untied: the input embedding is not the output layer
-        looked_up += _bytes(model.embed)
+        looked_up += sum(_bytes(m) for m in model.modules() if isinstance(m, nn.Embedding) and m is not pos_embed)
     return _bytes(model) - looked_up
 
 

@@ -1,4 +1,4 @@
-"""The models the benchmarks run: a random GPT-2, Llama, Mamba or xLSTM saved as a Hugging Face directory, and the
+"""The models the benchmarks run: a random GPT-2, Llama, Mamba, Mamba-2, LFM2 or xLSTM saved as a Hugging Face directory, and the
 LSTM / gated-CNN defaults (bundled checkpoints when present, random weights otherwise).
 
 Throughput does not depend on what the weights are, only on their shapes, so random
@@ -53,7 +53,8 @@ def build_tokenizer(vocab_size: int) -> HFTokenizer:
 
 # Family -> (transformers config class, model class): the random checkpoints the benchmarks build.
 HF_FAMILIES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
-               "mamba": ("MambaConfig", "MambaForCausalLM"), "xlstm": ("xLSTMConfig", "xLSTMForCausalLM")}
+               "mamba": ("MambaConfig", "MambaForCausalLM"), "mamba2": ("Mamba2Config", "Mamba2ForCausalLM"),
+               "lfm2": ("Lfm2Config", "Lfm2ForCausalLM"), "xlstm": ("xLSTMConfig", "xLSTMForCausalLM")}
 
 
 @contextmanager

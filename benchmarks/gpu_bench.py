@@ -1,12 +1,14 @@
-"""Quill on a GPU, side by side with transformers, for model shapes from GPT-2 small to Llama-3-8B, in one run.
+"""Quill on a GPU, side by side with transformers, for model shapes from GPT-2 small to Llama-3-8B and the state
+families (Mamba, Mamba-2, LFM2, xLSTM, the bundled LSTM and gated CNN), in one run.
 
     python -m benchmarks.gpu_bench --device cuda --shapes gpt2 llama3.2-1b --out runs/gpu/bench.json
     python -m benchmarks.gpu_bench --device cuda --shapes llama3-8b --parts engine profile --out runs/gpu/8b.json
+    python -m benchmarks.gpu_bench --device cuda --shapes mamba-1.4b lstm --parts engine http hf
     python -m benchmarks.gpu_bench --smoke                     # seconds on the CPU, tiny shapes: the code runs
 
 For each shape: random weights of that shape are made on the device, saved as a Hugging Face directory
 under a temporary directory (`--tmp-dir`) and loaded from there by Quill, by the server and by
-transformers, so all run the same weights. Then the parts, in this order, each measured on its own:
+transformers, so all run the same weights (the LSTM and gated CNN: the bundled checkpoints, no transformers). Then the parts, in this order, each measured on its own:
 
   engine   256 streamed greedy requests (prompts 32-512 token ids, max_tokens 32-256, EOS ignored)
            through Quill's engine in-process, 256 at a time, with the server's settings
@@ -49,7 +51,7 @@ import torch
 from clients.bench import report as load_report
 from clients.bench.runner import run_workload
 from clients.bench.workload import BenchRequest, TargetModel, WorkloadSpec, build_requests
-from models.checkpoint import LoadedModel, load_checkpoint, resolve_device, resolve_dtype
+from models.checkpoint import BUNDLED_DIR, LoadedModel, load_checkpoint, resolve_device, resolve_dtype
 from server.config import ServerConfig
 from server.engine.core import CacheConfig, EngineCore
 
@@ -131,7 +133,8 @@ def _spec(s: GpuBenchSettings, name: str) -> WorkloadSpec:
 
 
 def _target(loaded: LoadedModel) -> TargetModel:
-    return TargetModel(loaded.max_seq_len, vocab_size=loaded.model.config.vocab_size)
+    # A recurrent or state-space model has no longest sequence: any prompt of the workload fits.
+    return TargetModel(loaded.max_seq_len or 1 << 20, vocab_size=loaded.model.config.vocab_size)
 
 
 # ---- the parts ---------------------------------------------------------------------------
@@ -222,6 +225,9 @@ def _device_memory_used(device: torch.device) -> float | None:
 
 
 def hf_part(r: ShapeRun) -> None:
+    if r.shape.family == "bundled":
+        r.record("hf", model=None, why_none=f"transformers has no class for Quill's {r.loaded.architecture}")
+        return
     hf_model, how = hf_model_for(r.loaded)
     r.record("hf", model=how, max_logit_difference=max_logit_difference(r.loaded, hf_model))
     pad = pad_token_id(r.loaded)
@@ -248,14 +254,19 @@ def _free_memory(device: torch.device) -> None:
 def _server_config(s: GpuBenchSettings, loaded: LoadedModel, model_spec: str, requests: list[TokenizedRequest],
                    server_args: list[str]) -> ServerConfig:
     """`quill serve`'s defaults with room for every request at full length (nothing is preempted), then
-    `server_args` on top."""
-    bytes_per_block = loaded.model.new_state(1, block_size=s.block_size).bytes_per_block
+    `server_args` on top. A model with a state per sequence (slots, or slots beside K,V) gets its slots for every
+    running sequence whatever the cache's size: its cache is sized as the server sizes it by default."""
     d = ServerConfig()
+    if loaded.model.state_kind == "paged_kv":
+        bytes_per_block = loaded.model.new_state(1, block_size=s.block_size).bytes_per_block
+        cache_bytes = quill_runs.blocks_needed(requests, s.block_size) * bytes_per_block
+    else:
+        cache_bytes = None
     base = ServerConfig(
         models=[model_spec], host="127.0.0.1", port=free_port(), device=str(loaded.device),
         dtype=str(loaded.dtype).removeprefix("torch."), block_size=s.block_size,
         max_num_seqs=max(d.max_num_seqs, s.concurrency), max_queue=max(d.max_queue, s.num_requests),
-        cache_bytes=quill_runs.blocks_needed(requests, s.block_size) * bytes_per_block,
+        cache_bytes=cache_bytes,
     )
     return with_serve_args(base, server_args)
 
@@ -268,15 +279,20 @@ def run_shape(name: str, s: GpuBenchSettings, parts: list[str], device: torch.de
     # The server reads the attention backend and layer ops from its flags; the in-process model loads with the same.
     serve = with_serve_args(ServerConfig(cache_bytes=1), options.server_args)
     with tempfile.TemporaryDirectory(prefix=f"quill-gpu-bench-{name}-", dir=options.tmp_dir) as tmp:
-        log(f"{name}: making random weights ({shape.description}) on {device} and saving them ...")
         start = time.perf_counter()
-        save_random_model(Path(tmp), shape.family, shape.config, seed=s.seed, device=device, dtype=dtype)
-        _free_memory(device)  # the model it made, once saved
+        if shape.family == "bundled":
+            tmp, source = str(BUNDLED_DIR / shape.config["name"]), f"bundled checkpoint {shape.config['name']}"
+        else:
+            log(f"{name}: making random weights ({shape.description}) on {device} and saving them ...")
+            save_random_model(Path(tmp), shape.family, shape.config, seed=s.seed, device=device, dtype=dtype)
+            _free_memory(device)  # the model it made, once saved
+            source = f"random weights, {shape.family} family"
         loaded = load_checkpoint(tmp, device=device, dtype=dtype, name=name, attention_backend=serve.attention_backend,
                                  layer_ops=serve.layer_ops)
-        figures["model"] = describe_model(loaded, f"random weights, {shape.family} family") | {
+        figures["model"] = describe_model(loaded, source) | {
             "description": shape.description, "family": shape.family, "config": shape.config,
-            "decode_read_bytes": decode_read_bytes(loaded.model), "attention_backend": loaded.model.attention_backend,
+            "decode_read_bytes": decode_read_bytes(loaded.model),
+            "attention_backend": getattr(loaded.model, "attention_backend", None),
         }
         figures["part_seconds"]["checkpoint"] = time.perf_counter() - start
         spec, target = _spec(s, name), {name: _target(loaded)}

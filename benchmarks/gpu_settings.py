@@ -2,7 +2,8 @@
 
 A shape is a transformers family and its config keywords: the benchmark builds random weights of
 that shape, so no download is needed and speed is that of the real model (it depends on the shapes
-of the weights, not on their values).
+of the weights, not on their values). The LSTM and gated-CNN shapes are the bundled checkpoints
+themselves (transformers has no class for them, so they have no generate() baseline).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from .settings import GPT2_SMALL, TINY_GPT2, VOCAB_32K
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    family: str  # a key of checkpoints.HF_FAMILIES: "gpt2" or "llama"
-    config: dict  # keyword arguments of the family's transformers config
+    family: str  # a key of checkpoints.HF_FAMILIES ("gpt2", "llama", "mamba", ...), or "bundled"
+    config: dict  # keyword arguments of the family's transformers config; for "bundled": {"name": checkpoint}
     hf_batch_size: int  # requests per static batch of the generate() baseline
     description: str
 
@@ -32,6 +33,26 @@ SHAPES = {
     "llama3-8b": Shape("llama", _LLAMA3 | dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                                head_dim=128, tie_word_embeddings=False),
                        64, "Llama-3-8B shape, 32k vocabulary (7.2B)"),
+    # The state families, each in the shape of a released model of about 1.3B (random weights).
+    "mamba-1.4b": Shape("mamba", dict(vocab_size=50280, hidden_size=2048, num_hidden_layers=48, state_size=16,
+                                      expand=2, conv_kernel=4, tie_word_embeddings=True),
+                        128, "state-spaces/mamba-1.4b-hf shape (1.4B)"),
+    "mamba2-1.3b": Shape("mamba2", dict(vocab_size=50288, hidden_size=2048, num_hidden_layers=48, state_size=128,
+                                        expand=2, num_heads=64, head_dim=64, n_groups=1, conv_kernel=4,
+                                        chunk_size=256, tie_word_embeddings=True),
+                         128, "state-spaces/mamba2-1.3b shape (1.3B)"),
+    "lfm2-1.2b": Shape("lfm2", dict(vocab_size=65536, hidden_size=2048, intermediate_size=12288,
+                                    block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True,
+                                    num_hidden_layers=16, full_attn_idxs=[2, 5, 8, 10, 12, 14], num_attention_heads=32,
+                                    num_key_value_heads=8, conv_L_cache=3, max_position_embeddings=128000,
+                                    rope_theta=1e6, tie_word_embeddings=True),
+                       128, "LiquidAI/LFM2-1.2B shape (1.2B: 10 conv layers, 6 attention)"),
+    # xLSTM-7b's structure at 1.3B: embedding 2048, 24 blocks (xLSTM-7b: 4096, 32).
+    "xlstm-1.3b": Shape("xlstm", dict(vocab_size=50304, hidden_size=2048, num_hidden_layers=24, num_heads=4,
+                                      qk_dim_factor=0.5, v_dim_factor=1.0),
+                        128, "xLSTM-7b's structure at 1.3B (embedding 2048, 24 mLSTM blocks)"),
+    "lstm": Shape("bundled", dict(name="shakespeare-lstm"), 128, "the bundled LSTM (3.3M)"),
+    "gcnn": Shape("bundled", dict(name="shakespeare-gcnn"), 128, "the bundled gated CNN"),
 }
 
 # The same names in the smoke run: tiny models of each family (tied and untied Llama, as the real ones).
@@ -41,6 +62,20 @@ TINY_SHAPES = {
     "gpt2": Shape("gpt2", dict(TINY_GPT2), 2, "tiny GPT-2"),
     "llama3.2-1b": Shape("llama", _TINY_LLAMA | dict(tie_word_embeddings=True), 2, "tiny Llama, tied embeddings"),
     "llama3-8b": Shape("llama", _TINY_LLAMA | dict(tie_word_embeddings=False), 2, "tiny Llama, untied embeddings"),
+    "mamba-1.4b": Shape("mamba", dict(vocab_size=300, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2,
+                                      conv_kernel=4), 2, "tiny Mamba"),
+    "mamba2-1.3b": Shape("mamba2", dict(vocab_size=300, hidden_size=32, num_hidden_layers=2, state_size=8, expand=2,
+                                        num_heads=4, head_dim=16, n_groups=1, conv_kernel=4, chunk_size=8),
+                         2, "tiny Mamba-2"),
+    "lfm2-1.2b": Shape("lfm2", dict(vocab_size=300, hidden_size=32, intermediate_size=96, block_multiple_of=16,
+                                    num_hidden_layers=3, full_attn_idxs=[1], num_attention_heads=4,
+                                    num_key_value_heads=2, conv_L_cache=3, max_position_embeddings=256),
+                       2, "tiny LFM2"),
+    # 128 wide: transformers' xLSTM cache rounds q/k widths up to 64
+    "xlstm-1.3b": Shape("xlstm", dict(vocab_size=300, hidden_size=128, num_hidden_layers=2, num_heads=4, chunk_size=8),
+                        2, "tiny xLSTM"),
+    "lstm": SHAPES["lstm"],  # the bundled checkpoints are small already
+    "gcnn": SHAPES["gcnn"],
 }
 
 

@@ -3,10 +3,14 @@
 Hugging Face GPT-2 and Llama directories load as they are. Our own Transformer checkpoints
 are rebuilt as the equivalent transformers class (Llama-style: `LlamaForCausalLM`, GPT-2-style:
 `GPT2LMHeadModel`) by running `models/hf.py`'s name mapping in reverse; the logits of both are
-compared once, so a wrong mapping cannot pass unnoticed.
+compared once, so a wrong mapping cannot pass unnoticed. The state families (Mamba, Mamba-2, LFM2,
+xLSTM) load with transformers' own classes from their Hugging Face directories.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 
@@ -80,14 +84,22 @@ def _gpt2_from(c, w: dict[str, torch.Tensor], eos: int | None):
     return transformers.GPT2LMHeadModel(config), sd
 
 
+def _is_hf_directory(path: Path) -> bool:
+    config = path / "config.json"
+    return config.is_file() and "model_type" in json.loads(config.read_text())
+
+
 def hf_model_for(loaded: LoadedModel):
-    """(transformers model in eval mode, how it was made) for a loaded Transformer checkpoint."""
+    """(transformers model in eval mode, how it was made) for a loaded Transformer or Hugging Face state model."""
     import transformers
 
-    if loaded.architecture != "transformer":
-        raise ValueError(f"a generate() baseline needs a Transformer; {loaded.path} is {loaded.architecture}")
     c = loaded.model.config
-    if c.extra.get("hf_model_type"):
+    # A state family (Mamba, LFM2, ...) is run by transformers' own class, from the Hugging Face directory it came from.
+    from_directory = loaded.architecture != "transformer" or c.extra.get("hf_model_type")
+    if from_directory and not _is_hf_directory(Path(loaded.path)):
+        raise ValueError(f"{loaded.path}: not a Hugging Face directory; transformers has no class for this "
+                         f"{loaded.architecture} checkpoint")
+    if from_directory:
         model = transformers.AutoModelForCausalLM.from_pretrained(loaded.path, dtype=loaded.dtype)
         model = model.to(loaded.device).eval().requires_grad_(False)
         return model, f"{type(model).__name__} loaded from the directory"
@@ -113,7 +125,7 @@ def hf_model_for(loaded: LoadedModel):
 @torch.inference_mode()
 def max_logit_difference(loaded: LoadedModel, model, length: int = 12) -> float:
     """Largest |logit| difference between our model and the transformers one on a fixed input."""
-    length = min(length, loaded.model.config.max_seq_len)
+    length = min(length, loaded.max_seq_len or length)
     tokens = torch.randint(0, loaded.model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
     tokens = tokens.to(loaded.device)
     ours = loaded.model(tokens).float()

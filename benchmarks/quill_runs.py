@@ -167,10 +167,13 @@ def step_loop(loaded: LoadedModel, request: TokenizedRequest, block_size: int) -
     Returns (start time, arrival time of each generated token).
     """
     model, prompt = loaded.model, request.prompt_token_ids
+    num_blocks = -(-(len(prompt) + request.max_tokens) // block_size)
     if model.state_kind == "paged_kv":
-        num_blocks = -(-(len(prompt) + request.max_tokens) // block_size)
         state = model.new_state(num_blocks, block_size=block_size)
         where = dict(block_tables=[list(range(num_blocks))])
+    elif model.state_kind == "hybrid":  # a slot beside K,V blocks (LFM2)
+        state = model.new_state(num_blocks, 1, block_size=block_size)
+        where = dict(block_tables=[list(range(num_blocks))], slots=[0])
     else:
         state = model.new_state(1)
         where = dict(slots=[0])

@@ -208,3 +208,22 @@ def test_summary_ratios_come_from_whichever_parts_ran():
     assert s["ratios"] == {"http_vs_engine": 0.75}
     assert s["batch1_vs_floor"] == {"engine": 2.5} and "decode_step" not in s
     assert gpu_report.summarize({})["ratios"] == {}
+
+
+@pytest.mark.parametrize("name", ["mamba2-1.3b", "lfm2-1.2b", "lstm"])
+def test_state_shapes_run_beside_transformers_or_say_why_not(name, tmp_path):
+    """A state family's shape runs its engine and HTTP parts; transformers runs the same weights by its own class
+    (logits within float32 rounding), and a bundled LSTM, which transformers has no class for, records why."""
+    results = gpu_bench.main(["--smoke", "--shapes", name, "--parts", "engine", "http", "hf", "--no-progress",
+                              "--out", str(tmp_path / "gpu.json")])
+    shape = results["shapes"][name]
+    assert shape["errors"] == {}
+    engine, http, hf = shape["engine"], shape["http"], shape["hf"]
+    assert http["num_ok"] == engine["num_requests"] == SMOKE.num_requests
+    assert http["completion_tokens"] == engine["generated_tokens"] and engine["cache_usage_after"] == 0
+    if name == "lstm":
+        assert shape["model"]["source"] == "bundled checkpoint shakespeare-lstm"
+        assert hf["model"] is None and "no class" in hf["why_none"] and "static" not in hf
+    else:
+        assert hf["model"].endswith("loaded from the directory") and hf["max_logit_difference"] < 1e-4
+        assert hf["static"]["generated_tokens"] == engine["generated_tokens"]

@@ -29,5 +29,5 @@ def test_our_transformers_rebuild_as_their_transformers_class(key, hf_class, tin
 def test_a_recurrent_model_has_no_transformers_twin(tiny_tokenizer, tmp_path):
     arch, model = build_tiny_model("lstm", tiny_tokenizer.vocab_size)
     loaded = load_checkpoint(save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32), device="cpu")
-    with pytest.raises(ValueError, match="needs a Transformer"):
+    with pytest.raises(ValueError, match="transformers has no class for this lstm"):
         hf_model_for(loaded)
