@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import kernels
 from .batch import StepBatch, run_by_parts, split_decodes
 from .mamba_scan import scan_step, selective_scan
 from .slot_model import SlotLanguageModel
@@ -131,6 +132,14 @@ class MambaMixer(nn.Module):
         dt = F.softplus(self.dt_proj(dt).float())  # (T, d_inner)
         A = -torch.exp(self.A_log.float())  # (d_inner, d_state)
         u32, B, C = u.float(), B.float(), C.float()
+        fused = kernels.fused_state_steps(state["ssm"])
+        if fused is not None:  # one read and one write of each slot's state, where it lies
+            if part.max_query_len == 1:
+                y = fused.mamba_step_(state["ssm"][:, layer], part.slots, u32, dt, A, B, C)
+            else:  # padding is zeros, dt 0 among them: inert
+                y = part.unpad(fused.mamba_scan_(state["ssm"][:, layer], part.slots, part.pad(u32), part.pad(dt), A,
+                                                 part.pad(B), part.pad(C)))
+            return y + u32 * self.D.float()
         ssm = state["ssm"][where]  # (R, d_inner, d_state)
         if part.max_query_len == 1:
             y, ssm = scan_step(u32, dt, A, B, C, ssm)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import kernels
 from .batch import StepBatch, run_by_parts
 from .mamba import MambaFamilyModel
 from .ssd import ssd_chunked, ssd_step
@@ -163,6 +164,10 @@ class Mamba2Mixer(nn.Module):
         # padded after the softplus: a padding position's dt is 0, so it leaves the state as it was
         dt = part.pad(F.softplus(dt.float() + self.dt_bias.float()).clamp(*c.time_step_limit))
         A = -torch.exp(self.A_log.float())
+        fused = kernels.fused_state_steps(state["ssm"]) if part.max_query_len == 1 else None
+        if fused is not None:  # one read and one write of each slot's state, where it lies
+            y = fused.ssd_step_(state["ssm"][:, layer], part.slots, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])
+            return part.unpad((y[:, None] + self.D.float()[:, None] * x).flatten(-2))
         if part.max_query_len == 1:
             y, ssm = ssd_step(x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], state["ssm"][where])
             y = y[:, None]

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import mlstm
+from . import kernels, mlstm
 from .batch import StepBatch, run_by_parts, split_decodes
 from .slot_model import SlotLanguageModel
 from .state import SlotState
@@ -147,6 +147,13 @@ class MLSTMLayer(nn.Module):
         """The mLSTM over one part's packed tokens -> h (T, H, Dv); the part's slots updated in place."""
         c = self.config
         where = (part.slots, block)
+        fused = kernels.fused_state_steps(state["C"]) if part.max_query_len == 1 else None
+        if fused is not None:  # the memory C read and written once, in its slots; n and m are small
+            rows = q.shape[0]
+            h, state["n"][where], state["m"][where] = fused.mlstm_step_(
+                state["C"][:, block], state["n"][:, block], state["m"][:, block], part.slots,
+                *(t.view(rows, c.n_heads, -1) for t in (q, k, v)), i, f, c.eps)
+            return h
         old = tuple(state[name][where] for name in STATE_NAMES)  # each (B, H, ...)
         dtype = old[0].dtype  # float32, or float64 in tests
 

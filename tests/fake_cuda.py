@@ -24,11 +24,14 @@ import os
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from unittest import mock
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from models import kernels
 
 CUDA = torch.device("cuda", 0)
 
@@ -65,9 +68,12 @@ class _ValuelessMode(FakeTensorMode):
 
 @contextmanager
 def fake_cuda() -> Iterator[FakeTensorMode]:
-    """FakeTensorMode, with real tensors from outside the block accepted (as fake copies on their device)."""
+    """FakeTensorMode, with real tensors from outside the block accepted (as fake copies on their device). The state
+    families' decode steps run eagerly: their CUDA default, Triton kernels (models/kernels/state_steps.py), needs
+    real memory."""
     _install_cuda_guard()
-    with _ValuelessMode(allow_non_fake_inputs=True) as mode:
+    with _ValuelessMode(allow_non_fake_inputs=True) as mode, \
+            mock.patch.object(kernels, "fused_state_steps", lambda state: None):
         yield mode
 
 

@@ -8,6 +8,7 @@ reference); "triton" fuses each into one kernel (the CUDA default). Like the att
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Protocol
 
 import torch
@@ -17,7 +18,9 @@ from ..device_choice import DeviceRegistry
 from .torch_ops import TORCH_OPS, TorchLayerOps
 from .triton_ops import TritonLayerOps
 
-__all__ = ["LAYER_OPS", "LayerOps", "TORCH_OPS", "default_layer_ops", "select_layer_ops"]
+__all__ = ["LAYER_OPS", "LayerOps", "TORCH_OPS", "default_layer_ops", "fused_state_steps", "select_layer_ops"]
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 class LayerOps(Protocol):
     name: str
@@ -49,3 +52,13 @@ def default_layer_ops(device: torch.device | str) -> str:
 def select_layer_ops(name: str, device: torch.device | str) -> LayerOps:
     """The ops for `name` ("auto": the device's default); ValueError if they cannot run on `device`."""
     return _REGISTRY.select(name, device)()
+
+
+def fused_state_steps(state: torch.Tensor):
+    """The state families' fused decode steps (state_steps.py) for a float32 `state` on CUDA, else None: the
+    caller runs its eager step."""
+    if state.device.type != "cuda" or state.dtype != torch.float32 or not _HAS_TRITON:
+        return None
+    from . import state_steps
+
+    return state_steps
