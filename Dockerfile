@@ -56,11 +56,9 @@ RUN python3 -m venv /opt/venv \
 FROM torch-${VARIANT} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# quill/ is the one import package: the server, the client and the models, whose checkpoints/ (the bundled
+# models) are package data, installed with the code.
 COPY quill/ quill/
-COPY server/ server/
-COPY clients/ clients/
-# models/ carries the bundled checkpoints (models/checkpoints/): package data, installed with the code.
-COPY models/ models/
 RUN /opt/venv/bin/pip install --no-cache-dir /src
 
 # ---- what runs --------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The models the benchmarks run: a random GPT-2, Llama, Mamba, Mamba-2, LFM2 or xLSTM saved as a Hugging Face directory, and the
-LSTM / gated-CNN defaults (bundled checkpoints when present, random weights otherwise).
+"""The models the benchmarks run: a random GPT-2, Llama, Mamba, Mamba-2, LFM2 or xLSTM saved as a Hugging Face
+directory, and the LSTM / gated-CNN defaults (bundled checkpoints when present, random weights otherwise).
 
 Throughput does not depend on what the weights are, only on their shapes, so random
 weights measure the same work as trained ones.
@@ -15,9 +15,9 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from models.checkpoint import BUNDLED_DIR, LoadedModel, load_checkpoint
-from models.registry import ARCHITECTURES
-from models.tokenizer import Tokenizer
+from quill.models.checkpoint import BUNDLED_DIR, LoadedModel, load_checkpoint
+from quill.models.registry import ARCHITECTURES
+from quill.models.tokenizer import Tokenizer
 
 EOS = "<|endoftext|>"  # id 0: the first special token
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +36,8 @@ def build_tokenizer(vocab_size: int) -> HFTokenizer:
     Topped up with filler tokens to exactly `vocab_size`, so that every id a random model
     can produce decodes to text, as every id of the real GPT-2 tokenizer does.
     """
-    sources = sorted((REPO_ROOT / "models").glob("*.py")) + sorted((REPO_ROOT / "server").rglob("*.py"))
+    package = REPO_ROOT / "quill"
+    sources = sorted((package / "models").glob("*.py")) + sorted((package / "server").rglob("*.py"))
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -122,8 +123,8 @@ def load_recurrent(architecture: str, kind: str) -> tuple[LoadedModel, str]:
     shapes, vocab_size, source = TINY_SHAPES[architecture], TINY_VOCAB, "tiny random weights"
     if kind == "default":
         try:  # the recipes the bundled checkpoints are trained from
-            from models.training.bpe import DEFAULT_VOCAB_SIZE
-            from models.training.recipes import get_recipe
+            from quill.models.training.bpe import DEFAULT_VOCAB_SIZE
+            from quill.models.training.recipes import get_recipe
 
             shapes, vocab_size = dict(get_recipe(name).model), DEFAULT_VOCAB_SIZE
             source = f"random weights with the shapes of {name} (no bundled checkpoint yet)"

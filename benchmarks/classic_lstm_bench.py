@@ -6,7 +6,7 @@
 The model has the shape of fastai's WT103 AWD-LSTM (embedding 400, LSTM layers 1152, 1152, 400, tied
 60,000-word softmax with a bias) and random weights, written as fastai saves it (lstm_fwd.pth +
 itos_wt103.pkl) and loaded the way `quill serve` loads the original files (converted through
-models/classic). Every request has its own random prompt and generates exactly --max-tokens tokens,
+quill/models/classic). Every request has its own random prompt and generates exactly --max-tokens tokens,
 greedy, so both runs do the same work. The runs alternate (batched, serial, batched, ...) so a noisy
 shared machine hurts both alike; the figures are the medians.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from models.checkpoint import load_checkpoint
+from quill.models.checkpoint import load_checkpoint
 
 from . import quill_runs
 from .hardware import describe_machine, load_average

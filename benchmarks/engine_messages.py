@@ -15,10 +15,10 @@ import json
 import os
 import timeit
 
-from server.engine.core import EngineStats
-from server.engine.messages import UP, StepOutputs
-from server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob, merge_outputs
-from server.engine.wire import HEADER_BYTES, MessageReader, MessageWriter
+from quill.server.engine.core import EngineStats
+from quill.server.engine.messages import UP, StepOutputs
+from quill.server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob, merge_outputs
+from quill.server.engine.wire import HEADER_BYTES, MessageReader, MessageWriter
 
 from .hardware import describe_machine
 

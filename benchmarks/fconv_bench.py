@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-from models.batch import StepBatch
-from models.checkpoint import LoadedModel
-from models.classic.fairseq_dictionary import dictionary_tokenizer
-from models.classic.literal_expression import literal_expression
-from models.fconv import FConvConfig, FConvLanguageModel
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.batch import StepBatch
+from quill.models.checkpoint import LoadedModel
+from quill.models.classic.fairseq_dictionary import dictionary_tokenizer
+from quill.models.classic.literal_expression import literal_expression
+from quill.models.fconv import FConvConfig, FConvLanguageModel
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 
 from .hardware import describe_machine, load_average
 from .timing import write_json

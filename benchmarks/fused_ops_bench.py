@@ -1,4 +1,4 @@
-"""Each fused layer-op kernel (models/kernels) against the eager PyTorch sequence it replaces.
+"""Each fused layer-op kernel (quill/models/kernels) against the eager PyTorch sequence it replaces.
 
 At Llama-3-8B's decode shapes (hidden 4096, 32 query and 8 K,V heads of 128, MLP 14336), for a
 batch of 1 and of 256 tokens: RMSNorm, RMSNorm with the residual add, RoPE of q and k, SwiGLU.
@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from models.kernels.torch_ops import TORCH_OPS
-from models.transformer import RMSNorm
+from quill.models.kernels.torch_ops import TORCH_OPS
+from quill.models.transformer import RMSNorm
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def time_graph_us(fn, iters: int) -> float:
 
 
 def run(shapes: Shapes, batches: list[int], dtype: torch.dtype, device: torch.device, iters: int) -> list[Timing]:
-    from models.kernels import select_layer_ops
+    from quill.models.kernels import select_layer_ops
 
     fused = select_layer_ops("triton", device)
     timings = []

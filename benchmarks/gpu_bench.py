@@ -8,7 +8,8 @@ families (Mamba, Mamba-2, LFM2, xLSTM, the bundled LSTM and gated CNN), in one r
 
 For each shape: random weights of that shape are made on the device, saved as a Hugging Face directory
 under a temporary directory (`--tmp-dir`) and loaded from there by Quill, by the server and by
-transformers, so all run the same weights (the LSTM and gated CNN: the bundled checkpoints, no transformers). Then the parts, in this order, each measured on its own:
+transformers, so all run the same weights (the LSTM and gated CNN: the bundled checkpoints, no transformers).
+Then the parts, in this order, each measured on its own:
 
   engine   256 streamed greedy requests (prompts 32-512 token ids, max_tokens 32-256, EOS ignored)
            through Quill's engine in-process, 256 at a time, with the server's settings
@@ -48,12 +49,12 @@ from pathlib import Path
 import httpx
 import torch
 
-from clients.bench import report as load_report
-from clients.bench.runner import run_workload
-from clients.bench.workload import BenchRequest, TargetModel, WorkloadSpec, build_requests
-from models.checkpoint import BUNDLED_DIR, LoadedModel, load_checkpoint, resolve_device, resolve_dtype
-from server.config import ServerConfig
-from server.engine.core import CacheConfig, EngineCore
+from quill.clients.bench import report as load_report
+from quill.clients.bench.runner import run_workload
+from quill.clients.bench.workload import BenchRequest, TargetModel, WorkloadSpec, build_requests
+from quill.models.checkpoint import BUNDLED_DIR, LoadedModel, load_checkpoint, resolve_device, resolve_dtype
+from quill.server.config import ServerConfig
+from quill.server.engine.core import CacheConfig, EngineCore
 
 from . import gpu_report, hf_runs, quill_runs
 from .bandwidth_floor import decode_read_bytes, floor_ms_per_token

@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from models.threads import available_cores
-from models.training.machine import cpu_model_name
+from quill.models.threads import available_cores
+from quill.models.training.machine import cpu_model_name
 
 
 def describe_machine() -> dict:

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from models.checkpoint import LoadedModel
-from models.scripted import ScriptedConfig, ScriptedModel
-from models.tokenizer import Tokenizer
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.checkpoint import LoadedModel
+from quill.models.scripted import ScriptedConfig, ScriptedModel
+from quill.models.tokenizer import Tokenizer
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 
 from .checkpoints import build_tokenizer
 from .hardware import describe_machine

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import torch
 
-from clients.bench import report as load_report
-from clients.bench.runner import RunResult, run_workload
-from clients.bench.workload import (BenchRequest, TargetModel, WorkloadSpec, build_requests, make_prompt, parse_mix,
-                                    parse_range)
-from models.checkpoint import LoadedModel, load_checkpoint, resolve_checkpoint_path
-from server.config import ServerConfig
-from server.engine.core import EngineCore
+from quill.clients.bench import report as load_report
+from quill.clients.bench.runner import RunResult, run_workload
+from quill.clients.bench.workload import (BenchRequest, TargetModel, WorkloadSpec, build_requests, make_prompt,
+                                          parse_mix, parse_range)
+from quill.models.checkpoint import LoadedModel, load_checkpoint, resolve_checkpoint_path
+from quill.server.config import ServerConfig
+from quill.server.engine.core import EngineCore
 
 from . import hf_runs, quill_runs, side_by_side
 from .checkpoints import describe_model, gpt2_source, save_random_gpt2

@@ -16,8 +16,8 @@ import json
 
 import torch
 
-from models.hf import config_from_hf
-from models.mamba2 import Mamba2LanguageModel
+from quill.models.hf import config_from_hf
+from quill.models.mamba2 import Mamba2LanguageModel
 
 from . import prefill
 

@@ -17,14 +17,15 @@ from unittest import mock
 
 import torch
 
-import models.fconv
-import models.gcnn
-import models.lfm2
-import models.mamba
-import models.xlstm
-from models.batch import StepBatch
-from models.registry import ARCHITECTURES
-from models.state import new_model_state
+import quill.models.fconv
+import quill.models.gcnn
+import quill.models.lfm2
+import quill.models.mamba
+import quill.models.xlstm
+from quill import models
+from quill.models.batch import StepBatch
+from quill.models.registry import ARCHITECTURES
+from quill.models.state import new_model_state
 
 from .hardware import describe_machine, load_average
 from .timing import interleaved_times, write_json

@@ -12,9 +12,9 @@ import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 
-from clients.bench.workload import TargetModel, WorkloadSpec, build_requests
-from models.checkpoint import LoadedModel, load_checkpoint
-from server.hosting import RECURRENT_MAX_MODEL_LEN
+from quill.clients.bench.workload import TargetModel, WorkloadSpec, build_requests
+from quill.models.checkpoint import LoadedModel, load_checkpoint
+from quill.server.hosting import RECURRENT_MAX_MODEL_LEN
 
 from . import hf_runs, quill_runs
 from .checkpoints import describe_model, gpt2_source, load_recurrent, save_random_gpt2

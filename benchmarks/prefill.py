@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from models.batch import StepBatch
+from quill.models.batch import StepBatch
 
 from .hardware import describe_device, describe_machine, load_average
 from .timing import interleaved_times, write_json

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from models.batch import StepBatch
-from models.checkpoint import LoadedModel
-from server.config import ServerConfig
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.batch import StepBatch
+from quill.models.checkpoint import LoadedModel
+from quill.server.config import ServerConfig
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 
 from .timing import TimedRun
 from .tokenized import TokenizedRequest, num_generated, num_prompt_tokens

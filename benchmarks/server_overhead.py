@@ -37,11 +37,11 @@ from pathlib import Path
 
 import torch
 
-from clients.bench import report as load_report
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.scripted import ScriptedConfig, ScriptedModel
-from models.tokenizer import Tokenizer
-from server.engine.core import EngineCore
+from quill.clients.bench import report as load_report
+from quill.models.checkpoint import load_checkpoint, save_checkpoint
+from quill.models.scripted import ScriptedConfig, ScriptedModel
+from quill.models.tokenizer import Tokenizer
+from quill.server.engine.core import EngineCore
 
 from . import quill_runs
 from .checkpoints import build_tokenizer

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import IO
 
-from clients.ready import wait_until_ready
-from server.config import ServerConfig, add_serve_arguments, config_from_args
+from quill.clients.ready import wait_until_ready
+from quill.server.config import ServerConfig, add_serve_arguments, config_from_args
 
 
 def free_port() -> int:

@@ -74,7 +74,7 @@ class HttpBenchSettings:
     concurrency: int = 64  # requests in flight over HTTP, and in the in-process engine
     prompt_lens: tuple[int, int] = (32, 128)  # inclusive range, drawn uniformly per request
     max_tokens: tuple[int, int] = (16, 128)
-    prompts: str = "ids"  # exact-length token-id prompts, or "text" (see clients/bench/workload.py)
+    prompts: str = "ids"  # exact-length token-id prompts, or "text" (see quill/clients/bench/workload.py)
     mix: str = "greedy"  # decoding strategies, as `quill bench --mix` takes them
     seed: int = 0
     warmup_requests: int = 4  # untimed, other prompts, before the HTTP run and the engine run

@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from clients.ready import wait_until_ready
+from quill.clients.ready import wait_until_ready
 
 PROMPTS = ["ROMEO:", "To be, or not to be", "KING HENRY:\nOnce more unto the breach", "O Romeo, Romeo!",
            "Friends, Romans, countrymen", "Now is the winter of our discontent", "All the world's a stage"]

@@ -55,11 +55,11 @@ from pathlib import Path
 
 import torch
 
-from clients.bench.workload import TargetModel, WorkloadSpec, build_requests
-from models.batch import StepBatch
-from models.checkpoint import LoadedModel, load_checkpoint
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
+from quill.clients.bench.workload import TargetModel, WorkloadSpec, build_requests
+from quill.models.batch import StepBatch
+from quill.models.checkpoint import LoadedModel, load_checkpoint
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
 
 from . import hf_runs, mamba_prefill, quill_runs
 from .checkpoints import save_random_model

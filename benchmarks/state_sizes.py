@@ -15,9 +15,9 @@ import argparse
 
 import torch
 
-from models.hf import config_from_hf, family_of
-from models.registry import ARCHITECTURES
-from models.state import new_model_state, state_parts
+from quill.models.hf import config_from_hf, family_of
+from quill.models.registry import ARCHITECTURES
+from quill.models.state import new_model_state, state_parts
 
 _MAMBA = dict(model_type="mamba", vocab_size=50280, state_size=16, expand=2, conv_kernel=4)
 _MAMBA2 = dict(model_type="mamba2", head_dim=64, state_size=128, expand=2, conv_kernel=4, n_groups=1)

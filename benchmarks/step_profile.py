@@ -22,7 +22,7 @@ from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile
 
-from server.engine.core import EngineCore
+from quill.server.engine.core import EngineCore
 
 from .hardware import synchronize
 from .quill_runs import sampling_params

@@ -21,12 +21,12 @@ import time
 
 import torch
 
-from models.checkpoint import load_checkpoint
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams, StructuredOutput
+from quill.models.checkpoint import load_checkpoint
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams, StructuredOutput
 
-from server.sampling.processors import apply_allowed_tokens
+from quill.server.sampling.processors import apply_allowed_tokens
 
 from .hardware import best_seconds, describe_machine, load_average
 from .structured_engines import compare

@@ -13,7 +13,7 @@ import time
 import torch
 from llguidance import LLMatcher
 
-from server.structured.grammar_source import JSON_OPTIONS
+from quill.server.structured.grammar_source import JSON_OPTIONS
 
 from .structured_vocab import COVERAGE_SCHEMAS, ORDER_EXAMPLE, ORDER_SCHEMA, llguidance_tokenizer
 

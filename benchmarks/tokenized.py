@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clients.bench.workload import BenchRequest
+from quill.clients.bench.workload import BenchRequest
 
 
 @dataclass(frozen=True, slots=True)

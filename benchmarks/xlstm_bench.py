@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from models.batch import StepBatch
-from models.hf import config_from_hf
-from models.xlstm import XLSTMLanguageModel
+from quill.models.batch import StepBatch
+from quill.models.hf import config_from_hf
+from quill.models.xlstm import XLSTMLanguageModel
 
 from .checkpoints import randomize_xlstm_gates
 from .hardware import describe_machine, load_average

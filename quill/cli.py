@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from models.checkpoint import DTYPES, CheckpointError, load_checkpoint, save_checkpoint
+from quill.models.checkpoint import DTYPES, CheckpointError, load_checkpoint, save_checkpoint
 
-from clients.bench.cli import add_bench_parser
-from clients.cli import add_client_parsers, run_guarded
-from server.config import add_serve_arguments, config_from_args
-from server.engine.offline import generate
-from server.sampling import SamplingParams
+from quill.clients.bench.cli import add_bench_parser
+from quill.clients.cli import add_client_parsers, run_guarded
+from quill.server.config import add_serve_arguments, config_from_args
+from quill.server.engine.offline import generate
+from quill.server.sampling import SamplingParams
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -46,7 +46,7 @@ def _add_generate_parser(subparsers) -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from models.classic.formats import convert  # the classic formats load only for this command
+    from quill.models.classic.formats import convert  # the classic formats load only for this command
 
     converted = convert(args.source, args.vocab, args.format)
     out = save_checkpoint(args.out, converted.architecture, converted.model, converted.tokenizer,
@@ -68,7 +68,7 @@ def _add_convert_parser(subparsers) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from server.serve import serve  # the HTTP stack loads only for this command
+    from quill.server.serve import serve  # the HTTP stack loads only for this command
 
     return serve(config_from_args(args))
 
@@ -80,13 +80,14 @@ def _add_serve_parser(subparsers) -> None:
 
 
 def _add_train_parser(subparsers) -> None:
-    from models.training.cli import add_train_parser
+    from quill.models.training.cli import add_train_parser
 
     add_train_parser(subparsers).set_defaults(run=lambda args: args.func(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quill", description="Quill: serve LSTM, gated-CNN and Transformer LMs")
+    parser = argparse.ArgumentParser(
+        prog="quill", description="Quill: serve LSTM, gated-CNN, Transformer and state-space language models")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_serve_parser(subparsers)
     _add_generate_parser(subparsers)

@@ -20,10 +20,10 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from clients.ready import wait_until_ready
-from models.checkpoint import keep_float32_exact, save_checkpoint
-from models.registry import ARCHITECTURES
-from models.tokenizer import Tokenizer
+from quill.clients.ready import wait_until_ready
+from quill.models.checkpoint import keep_float32_exact, save_checkpoint
+from quill.models.registry import ARCHITECTURES
+from quill.models.tokenizer import Tokenizer
 
 # One CPU thread for the tests and the servers they start: their models are tiny, and on a busy machine two threads
 # wait on each other's OpenMP barriers (a tiny LSTM's step went from 0.3 ms to 90 ms with another job on the cores).

@@ -31,7 +31,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models import kernels
+from quill.models import kernels
 
 CUDA = torch.device("cuda", 0)
 
@@ -69,7 +69,7 @@ class _ValuelessMode(FakeTensorMode):
 @contextmanager
 def fake_cuda() -> Iterator[FakeTensorMode]:
     """FakeTensorMode, with real tensors from outside the block accepted (as fake copies on their device). The state
-    families' decode steps run eagerly: their CUDA default, Triton kernels (models/kernels/state_steps.py), needs
+    families' decode steps run eagerly: their CUDA default, Triton kernels (quill/models/kernels/state_steps.py), needs
     real memory."""
     _install_cuda_guard()
     with _ValuelessMode(allow_non_fake_inputs=True) as mode, \
@@ -80,7 +80,7 @@ def fake_cuda() -> Iterator[FakeTensorMode]:
 def fake_model(model_cls: type[nn.Module], config, dtype: torch.dtype = torch.float32,
                device: torch.device = CUDA) -> nn.Module:
     """`model_cls(config)` with fake weights in `dtype` on `device`, made as the loader makes a model: built on
-    the meta device, then weights assigned (models/checkpoint.py). Call inside `fake_cuda()`.
+    the meta device, then weights assigned (quill/models/checkpoint.py). Call inside `fake_cuda()`.
 
     A Transformer reads its cache through the SDPA backend with the eager layer ops, as with
     `--attention-backend sdpa --layer-ops torch`: CUDA's defaults are Triton kernels, which need real memory."""

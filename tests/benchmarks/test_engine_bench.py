@@ -12,7 +12,7 @@ from benchmarks.engine_bench import main, run
 from benchmarks.parts import PARTS
 from benchmarks.settings import SMOKE
 from benchmarks.tokenized import spread_subset, tokenize
-from clients.bench.workload import TargetModel, WorkloadSpec, build_requests
+from quill.clients.bench.workload import TargetModel, WorkloadSpec, build_requests
 
 
 def test_smoke_suite_runs_every_part(tmp_path, capsys):

@@ -26,7 +26,7 @@ def test_smoke_run_times_every_op_at_every_batch_and_writes_json(tmp_path, capsy
 
 
 def test_a_fused_op_that_disagrees_with_torch_stops_the_run(monkeypatch):
-    from models.kernels.triton_ops import TritonLayerOps
+    from quill.models.kernels.triton_ops import TritonLayerOps
 
     monkeypatch.setattr(TritonLayerOps, "gated_act", lambda self, h, activation: h[..., : h.shape[-1] // 2])
     with pytest.raises(AssertionError, match="swiglu at batch 1: fused differs"):

@@ -15,8 +15,8 @@ from benchmarks.bandwidth_floor import decode_read_bytes, floor_ms_per_token
 from benchmarks.gpu_settings import SMOKE
 from benchmarks.server_process import with_serve_args
 from benchmarks.step_profile import busy_time, decode_budget, outermost, summarize_trace
-from models.registry import ARCHITECTURES
-from server.config import ServerConfig
+from quill.models.registry import ARCHITECTURES
+from quill.server.config import ServerConfig
 
 
 def quiet(message: str) -> None:

@@ -15,7 +15,8 @@ def test_split_and_padded_steps_agree_for_every_family(tmp_path):
 def test_a_step_that_does_not_ask_the_patched_module_is_refused():
     """Were a family's step to stop calling its module's split_decodes, the 'padded' contender would time the split
     step: here the gated CNN's step, with Mamba's module patched."""
-    import models.mamba
+    import quill.models.mamba
+    from quill import models
 
     _, shape, _ = mixed_step.SHAPES["gcnn"]
     config_cls, model_cls = mixed_step.ARCHITECTURES["gcnn"]

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from clients.bench.context_sweep import verdict
-from clients.bench.report import distribution, percentile
-from clients.bench.target import require_loopback
-from clients.bench.workload import TargetModel, WorkloadSpec, build_requests, parse_mix, parse_range
+from quill.clients.bench.context_sweep import verdict
+from quill.clients.bench.report import distribution, percentile
+from quill.clients.bench.target import require_loopback
+from quill.clients.bench.workload import TargetModel, WorkloadSpec, build_requests, parse_mix, parse_range
 from quill.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

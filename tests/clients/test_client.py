@@ -10,8 +10,8 @@ import threading
 import httpx
 import pytest
 
-from clients import AsyncClient, Client, QuillConnectionError, QuillError
-from clients.request import completion_body, retry_delay
+from quill.clients import AsyncClient, Client, QuillConnectionError, QuillError
+from quill.clients.request import completion_body, retry_delay
 from tests.conftest import LiveServer, free_port
 
 
@@ -125,7 +125,7 @@ def test_retry_policy_waits_retry_after_and_gives_up(monkeypatch):
                     httpx.Response(200, json={"id": "c", "model": "m", "choices": [
                         {"index": 0, "text": "ok", "finish_reason": "length"}]})])
     waits = []
-    monkeypatch.setattr("clients.client.time.sleep", waits.append)
+    monkeypatch.setattr("quill.clients.client.time.sleep", waits.append)
     with Client("http://127.0.0.1:9", max_retries=3, backoff=0.1) as client:
         client._http = httpx.Client(base_url="http://127.0.0.1:9", transport=httpx.MockTransport(lambda r: next(answers)))
         assert client.complete("x").text == "ok"

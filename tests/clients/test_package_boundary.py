@@ -1,4 +1,4 @@
-"""`clients/` is a client package: all of it imports with the server, the models, torch, transformers and the
+"""`quill/clients/` is a client package: all of it imports with the server, the models, torch, transformers and the
 benchmarks made unimportable, so a user of the client and of `quill bench` needs none of them."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BLOCKED = ("server", "models", "torch", "transformers", "benchmarks")
+BLOCKED = ("quill.server", "quill.models", "torch", "transformers", "benchmarks")
 
-# Imports every module under clients/ in a fresh interpreter whose import system refuses BLOCKED.
+# Imports every module under quill/clients/ in a fresh interpreter whose import system refuses BLOCKED.
 IMPORT_ALL = """
 import importlib, pkgutil, sys
 
@@ -19,15 +19,15 @@ blocked = set(sys.argv[1].split(","))
 
 class Refuse:
     def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in blocked:
+        if any(name == b or name.startswith(b + ".") for b in blocked):
             raise ImportError(f"{name} is not for the client package")
         return None
 
 
 sys.meta_path.insert(0, Refuse())
-import clients
+import quill.clients
 
-names = [m.name for m in pkgutil.walk_packages(clients.__path__, "clients.")]
+names = [m.name for m in pkgutil.walk_packages(quill.clients.__path__, "quill.clients.")]
 for name in names:
     importlib.import_module(name)
 print("\\n".join(names))
@@ -39,5 +39,5 @@ def test_every_client_module_imports_without_server_models_torch_or_transformers
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     imported = set(done.stdout.split())
-    assert {"clients.client", "clients.cli", "clients.bench.cli", "clients.bench.runner", "clients.bench.workload",
-            "clients.bench.plots", "clients.bench.context_sweep"} <= imported
+    assert {f"quill.clients.{name}" for name in ("client", "cli", "bench.cli", "bench.runner", "bench.workload",
+                                                 "bench.plots", "bench.context_sweep")} <= imported

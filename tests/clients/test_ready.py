@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from clients.ready import wait_until_ready
+from quill.clients.ready import wait_until_ready
 from tests.conftest import free_port
 
 
@@ -53,8 +53,8 @@ def test_a_process_that_exits_fails_at_once(monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("probed or waited for a process that had exited")
 
-    monkeypatch.setattr("clients.ready.httpx.get", never)
-    monkeypatch.setattr("clients.ready.time.sleep", never)
+    monkeypatch.setattr("quill.clients.ready.httpx.get", never)
+    monkeypatch.setattr("quill.clients.ready.time.sleep", never)
     with pytest.raises(RuntimeError, match="stopped before"):
         wait_until_ready(f"http://127.0.0.1:{free_port()}", timeout=30, still_starting=lambda: False)
 

@@ -48,7 +48,7 @@ _SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_
 
 def quill_sample_names() -> set[str]:
     """Every sample name Quill's /metrics can carry (quill_requests_total, ..._bucket, ...)."""
-    from server.api.metrics import Metrics
+    from quill.server.api.metrics import Metrics
 
     names = set()
     for family in Metrics().registry.collect():
@@ -58,7 +58,7 @@ def quill_sample_names() -> set[str]:
 
 def quill_env_vars() -> set[str]:
     """Every QUILL_* variable `quill serve` reads (each flag names its variable in its help)."""
-    from server.config import add_serve_arguments
+    from quill.server.config import add_serve_arguments
 
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
@@ -66,7 +66,7 @@ def quill_env_vars() -> set[str]:
 
 
 def quill_serve_parser() -> argparse.ArgumentParser:
-    from server.config import add_serve_arguments
+    from quill.server.config import add_serve_arguments
 
     parser = argparse.ArgumentParser(prog="quill serve", exit_on_error=False)
     add_serve_arguments(parser)

@@ -12,7 +12,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from clients.ready import wait_until_ready
+from quill.clients.ready import wait_until_ready
 from tests.deploy.conftest import DEPLOY
 
 TEMPLATE = DEPLOY / "nginx" / "quill.conf.template"

@@ -196,9 +196,9 @@ def test_parser_reads_continuations_and_comments():
 def test_dockerignore_matcher():
     rules = read_dockerignore("data\n**/__pycache__\n*.egg-info\n!keep.egg-info\n")
     assert is_ignored("data/x/y.txt", rules) and is_ignored("data", rules)
-    assert is_ignored("server/api/__pycache__/a.pyc", rules) and is_ignored("__pycache__/a.pyc", rules)
+    assert is_ignored("quill/server/api/__pycache__/a.pyc", rules) and is_ignored("__pycache__/a.pyc", rules)
     assert is_ignored("quill.egg-info/PKG-INFO", rules) and not is_ignored("keep.egg-info", rules)
-    assert not is_ignored("models/data.py", rules) and not is_ignored("sub/data", rules)
+    assert not is_ignored("quill/models/data.py", rules) and not is_ignored("sub/data", rules)
 
 
 # ---- the Dockerfile -------------------------------------------------------------------------
@@ -261,8 +261,8 @@ def test_the_package_and_its_checkpoints_are_copied(dockerfile, ignore_rules):
               for s in shlex.split(i.flags_and_args()[1])[:-1]}
     packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert packages | {"pyproject.toml", pyproject["project"]["readme"]} <= copied
-    assert "checkpoints/*/*" in pyproject["tool"]["setuptools"]["package-data"]["models"]
-    bundled = [p for p in (REPO / "models" / "checkpoints").glob("*/*") if p.is_file()]
+    assert "checkpoints/*/*" in pyproject["tool"]["setuptools"]["package-data"]["quill.models"]
+    bundled = [p for p in (REPO / "quill" / "models" / "checkpoints").glob("*/*") if p.is_file()]
     assert bundled, "no bundled checkpoint to put in the image"
     for path in bundled:
         assert not is_ignored(str(path.relative_to(REPO)), ignore_rules), path
@@ -270,7 +270,7 @@ def test_the_package_and_its_checkpoints_are_copied(dockerfile, ignore_rules):
 
 def test_dockerignore_keeps_the_context_small(ignore_rules):
     for path in (".venv/bin/python", "data/corpus.txt", "runs/x/log", ".git/HEAD", ".pytest_cache/v",
-                 ".hypothesis/examples", "server/__pycache__/app.cpython-311.pyc", "quill.egg-info/PKG-INFO"):
+                 ".hypothesis/examples", "quill/server/__pycache__/app.cpython-311.pyc", "quill.egg-info/PKG-INFO"):
         assert is_ignored(path, ignore_rules), path
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.batch import StepBatch
-from models.checkpoint import CheckpointError, load_checkpoint
-from server.engine.core import EngineCore
-from server.sampling import SamplingParams
+from quill.models.batch import StepBatch
+from quill.models.checkpoint import CheckpointError, load_checkpoint
+from quill.server.engine.core import EngineCore
+from quill.server.sampling import SamplingParams
 from tests.server.engine.helpers import run_to_completion
 
 VOCAB = 300  # every tiny checkpoint's vocabulary

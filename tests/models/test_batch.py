@@ -1,6 +1,6 @@
 import torch
 
-from models.batch import StepBatch
+from quill.models.batch import StepBatch
 
 
 def _window_then_inputs(batch: StepBatch, keep: int) -> torch.Tensor:

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from models.training.bigram import KneserNeyBigram, ney_discount
+from quill.models.training.bigram import KneserNeyBigram, ney_discount
 
 
 def reference_probability(tokens: list[int], vocab_size: int, v: int, w: int) -> float:

@@ -10,9 +10,9 @@ from datetime import datetime
 import pytest
 import transformers
 
-from models.chat_template import ChatTemplate, ChatTemplateError
-from models.tokenizer import Tokenizer
-from models.tokenizer_config import read_tokenizer_config
+from quill.models.chat_template import ChatTemplate, ChatTemplateError
+from quill.models.tokenizer import Tokenizer
+from quill.models.tokenizer_config import read_tokenizer_config
 from tests.hub_checkpoints import BUILDERS
 
 CONVERSATIONS = {

@@ -7,8 +7,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from models.batch import StepBatch
-from models.checkpoint import load_checkpoint
+from quill.models.batch import StepBatch
+from quill.models.checkpoint import load_checkpoint
 from tests.conftest import TEST_DEVICE, build_hf_tokenizer
 
 V = 300

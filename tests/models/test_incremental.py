@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.batch import StepBatch
+from quill.models.batch import StepBatch
 from tests.conftest import TEST_DEVICE, TINY_CONFIGS, build_tiny_model
 
 BLOCK_SIZE = 4

@@ -8,15 +8,15 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from models import hf
-from models.batch import StepBatch
-from models.checkpoint import load_checkpoint
-from models.hf_families import FAMILIES
-from models.lfm2 import Lfm2LanguageModel
-from models.state import HybridState
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models import hf
+from quill.models.batch import StepBatch
+from quill.models.checkpoint import load_checkpoint
+from quill.models.hf_families import FAMILIES
+from quill.models.lfm2 import Lfm2LanguageModel
+from quill.models.state import HybridState
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.fake_cuda import CUDA, assert_on_cuda, fake_cuda, fake_model
 from tests.hf_state_models import assert_beams_match, assert_load_refused, full_logits, tokens
 from tests.hf_state_models.lfm2 import TINY, V, save_tiny

@@ -12,14 +12,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from models.batch import StepBatch
-from models.checkpoint import load_checkpoint
-from models.hf import config_from_hf
-from models.mamba import MambaConfig, MambaLanguageModel
-from models.mamba_scan import chunk_length, selective_scan
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.batch import StepBatch
+from quill.models.checkpoint import load_checkpoint
+from quill.models.hf import config_from_hf
+from quill.models.mamba import MambaConfig, MambaLanguageModel
+from quill.models.mamba_scan import chunk_length, selective_scan
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.hf_state_models import (assert_engine_beams_match, assert_engine_greedy_matches, assert_load_refused,
                                   full_logits, step_side_by_side, step_through, tokens)
 from tests.hf_state_models.mamba import MODEL_TYPES, V, save_tiny

@@ -12,13 +12,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from models.batch import StepBatch
-from models.checkpoint import load_checkpoint
-from models import mamba2
-from models.mamba2 import GatedRMSNorm, Mamba2Config, Mamba2LanguageModel
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.batch import StepBatch
+from quill.models.checkpoint import load_checkpoint
+from quill.models import mamba2
+from quill.models.mamba2 import GatedRMSNorm, Mamba2Config, Mamba2LanguageModel
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.hf_state_models import (assert_engine_beams_match, assert_engine_greedy_matches, assert_load_refused,
                                   edit_config, full_logits, greedy_by_forwards, step_side_by_side,
                                   step_through, tokens)

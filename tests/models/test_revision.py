@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from models.checkpoint import CheckpointError, load_checkpoint
-from models.location import HUB_FILES, locate
+from quill.models.checkpoint import CheckpointError, load_checkpoint
+from quill.models.location import HUB_FILES, locate
 from quill.cli import main
 from tests.hub_checkpoints import snapshot_dir, write_revisions
 

@@ -2,7 +2,7 @@
 
 from unittest import mock
 
-from models.threads import ThreadTuner, available_cores
+from quill.models.threads import ThreadTuner, available_cores
 
 
 def run_steps(tuner: ThreadTuner, seconds_per_count: dict[int, float], num_steps: int) -> None:

@@ -10,16 +10,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.checkpoint import load_checkpoint
-from models.registry import ARCHITECTURES
-from models.training.bpe import EOS_TOKEN, EOS_TOKEN_ID, encode_documents, load_or_train_bpe, train_bpe
-from models.training.corpus import (
-    CorpusIntegrityError, PinnedSdist, fetch_sdist, read_documents, sha256_of, split_documents, verify_sdist,
-)
-from models.training.evaluation import mean_nll, perplexity
-from models.training.pipeline import Dataset, train_recipe
-from models.training.recipes import DEFAULT_RECIPES, Recipe
-from models.training.trainer import TrainingConfig, count_parameters, learning_rate_at, sample_windows, train
+from quill.models.checkpoint import load_checkpoint
+from quill.models.registry import ARCHITECTURES
+from quill.models.training.bpe import EOS_TOKEN, EOS_TOKEN_ID, encode_documents, load_or_train_bpe, train_bpe
+from quill.models.training.corpus import (CorpusIntegrityError, PinnedSdist, fetch_sdist, read_documents, sha256_of,
+                                          split_documents, verify_sdist)
+from quill.models.training.evaluation import mean_nll, perplexity
+from quill.models.training.pipeline import Dataset, train_recipe
+from quill.models.training.recipes import DEFAULT_RECIPES, Recipe
+from quill.models.training.trainer import TrainingConfig, count_parameters, learning_rate_at, sample_windows, train
 
 PLAYS = {
     "hamlet": "HAMLET.\nTo be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n",

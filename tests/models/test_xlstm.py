@@ -9,12 +9,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from models.batch import StepBatch
-from models.checkpoint import load_checkpoint
-from models.hf import config_from_hf
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.batch import StepBatch
+from quill.models.checkpoint import load_checkpoint
+from quill.models.hf import config_from_hf
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.hf_state_models import (assert_engine_beams_match, assert_engine_greedy_matches, assert_load_refused,
                                   full_logits, step_side_by_side, step_through, tokens)
 from tests.hf_state_models.xlstm import V, save_tiny
@@ -177,7 +177,7 @@ def test_copied_state_continues_like_a_fresh_prefill(model):
 
 
 def test_bfloat16_model_keeps_a_float32_state():
-    from models.xlstm import XLSTMConfig, XLSTMLanguageModel
+    from quill.models.xlstm import XLSTMConfig, XLSTMLanguageModel
 
     torch.manual_seed(0)
     model = XLSTMLanguageModel(XLSTMConfig(vocab_size=V, d_model=64, n_blocks=1, n_heads=2)).to(torch.bfloat16)
@@ -246,7 +246,7 @@ def test_unsupported_options_are_refused(changes, words):
 
 
 def test_the_7b_shape_reads_with_transformers_defaults_and_its_state_size():
-    from models.xlstm import XLSTMLanguageModel
+    from quill.models.xlstm import XLSTMLanguageModel
 
     config, _ = config_from_hf({"model_type": "xlstm", "embedding_dim": 4096, "num_blocks": 32,
                                 "chunkwise_kernel": "chunkwise--triton_xl_chunk", "step_kernel": "triton"})

@@ -12,8 +12,8 @@ import time
 import httpx
 
 from benchmarks.soak import rss_mib, wait_idle
-from server.api.app import create_app
-from server.hosting import ModelHost
+from quill.server.api.app import create_app
+from quill.server.hosting import ModelHost
 from tests.conftest import LiveServer
 from tests.server.api.conftest import server_config
 

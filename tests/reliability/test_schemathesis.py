@@ -14,8 +14,8 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
 
-from server.api.app import create_app
-from server.hosting import ModelHost
+from quill.server.api.app import create_app
+from quill.server.hosting import ModelHost
 from tests.server.api.conftest import server_config
 
 

@@ -7,8 +7,8 @@ import importlib.util
 
 import pytest
 
-from server.config import ServerConfig, add_serve_arguments, config_from_args
-from server.serve import serve
+from quill.server.config import ServerConfig, add_serve_arguments, config_from_args
+from quill.server.serve import serve
 
 
 def parse(*argv: str):

@@ -12,15 +12,15 @@ import pytest
 import torch
 import transformers
 
-from models.chat_template import ChatTemplate
-from models import location
-from models.checkpoint import CheckpointError, load_checkpoint
-from models.location import BUNDLED_DIR
-from models.tokenizer_config import read_tokenizer_config
-from server.api.app import create_app
-from server.config import DEFAULT_MODELS, ServerConfig, add_serve_arguments, config_from_args
-from server.engine.process_engine import ProcessEngine
-from server.hosting import ModelHost
+from quill.models.chat_template import ChatTemplate
+from quill.models import location
+from quill.models.checkpoint import CheckpointError, load_checkpoint
+from quill.models.location import BUNDLED_DIR
+from quill.models.tokenizer_config import read_tokenizer_config
+from quill.server.api.app import create_app
+from quill.server.config import DEFAULT_MODELS, ServerConfig, add_serve_arguments, config_from_args
+from quill.server.engine.process_engine import ProcessEngine
+from quill.server.hosting import ModelHost
 from tests.conftest import TEST_DEVICE, LiveServer
 from tests.hub_checkpoints import CHAT_MIN_TOKENS, CHAT_PROMPT, snapshot_dir, write_revisions
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.attention import ATTENTION_BACKENDS, select_attention_backend
-from models.attention.sdpa import SdpaPagedAttention
-from models.batch import StepBatch
+from quill.models.attention import ATTENTION_BACKENDS, select_attention_backend
+from quill.models.attention.sdpa import SdpaPagedAttention
+from quill.models.batch import StepBatch
 from tests.conftest import KERNEL_DEVICE, build_tiny_model
 
 V = 300
@@ -22,7 +22,7 @@ def test_auto_is_sdpa_on_the_cpu_and_caches_carry_their_backend():
 
 
 def test_load_checkpoint_chooses_the_backend(tmp_path, tiny_tokenizer):
-    from models.checkpoint import load_checkpoint, save_checkpoint
+    from quill.models.checkpoint import load_checkpoint, save_checkpoint
 
     arch, model = build_tiny_model("transformer-llama", tiny_tokenizer.vocab_size, device="cpu")
     path = save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32)
@@ -38,7 +38,7 @@ def test_unknown_backend_is_refused_with_the_names_it_knows():
 
 def test_triton_is_refused_on_the_cpu_outside_the_interpreter(monkeypatch):
     pytest.importorskip("triton", reason="needs the triton package")
-    from models.attention import triton_kernel
+    from quill.models.attention import triton_kernel
 
     monkeypatch.setattr(triton_kernel, "is_interpreted", lambda: False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):

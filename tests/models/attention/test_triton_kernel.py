@@ -15,9 +15,9 @@ import torch
 
 pytest.importorskip("triton", reason="needs the triton package (the test extra installs it on Linux x86-64)")
 
-from models.attention.sdpa import SdpaPagedAttention  # noqa: E402
-from models.attention.triton_backend import TritonPagedAttention  # noqa: E402
-from models.batch import StepBatch  # noqa: E402
+from quill.models.attention.sdpa import SdpaPagedAttention  # noqa: E402
+from quill.models.attention.triton_backend import TritonPagedAttention  # noqa: E402
+from quill.models.batch import StepBatch  # noqa: E402
 from tests.conftest import KERNEL_DEVICE  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if KERNEL_DEVICE.type == "cuda" else [])

@@ -9,14 +9,14 @@ import pickle
 import pytest
 import torch
 
-from models.checkpoint import load_checkpoint
-from models.classic.fastai_text import fastai_text, fastai_tokens
-from models.classic.formats import convert
-from models.errors import CheckpointError
-from models.tokenizer import IncrementalDecoder
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.checkpoint import load_checkpoint
+from quill.models.classic.fastai_text import fastai_text, fastai_tokens
+from quill.models.classic.formats import convert
+from quill.models.errors import CheckpointError
+from quill.models.tokenizer import IncrementalDecoder
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.models.classic.awd_checkpoints import ITOS, awd_greedy, awd_logits, build_awd, save_awd
 from tests.models.classic.wlm_checkpoints import reference_beam
 from tests.models.test_incremental import Cache

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from models.classic.cache import converted_checkpoint
-from models.location import locate
+from quill.models.classic.cache import converted_checkpoint
+from quill.models.location import locate
 from tests.models.classic.wlm_checkpoints import build_rnn_model, save_whole, write_corpus
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from models.classic.fairseq_dictionary import pad_dictionary, read_dictionary
-from models.errors import CheckpointError
+from quill.models.classic.fairseq_dictionary import pad_dictionary, read_dictionary
+from quill.models.errors import CheckpointError
 
 
 def write(tmp_path, text):

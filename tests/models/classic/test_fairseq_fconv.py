@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.batch import StepBatch
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.classic import fairseq_fconv
-from models.classic.formats import convert, find_format
-from models.errors import CheckpointError
+from quill.models.batch import StepBatch
+from quill.models.checkpoint import load_checkpoint, save_checkpoint
+from quill.models.classic import fairseq_fconv
+from quill.models.classic.formats import convert, find_format
+from quill.models.errors import CheckpointError
 from tests.models.classic.fairseq_fconv_reference import TINY_VOCAB, write_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm. is deprecated:FutureWarning")

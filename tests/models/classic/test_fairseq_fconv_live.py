@@ -6,8 +6,8 @@ import openai
 import pytest
 import torch
 
-from models.checkpoint import save_checkpoint
-from models.classic import fairseq_fconv
+from quill.models.checkpoint import save_checkpoint
+from quill.models.classic import fairseq_fconv
 from tests.conftest import LiveServer
 from tests.models.classic.fairseq_fconv_reference import write_checkpoint
 

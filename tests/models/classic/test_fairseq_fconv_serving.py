@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.checkpoint import LoadedModel
-from models.classic.formats import convert
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.checkpoint import LoadedModel
+from quill.models.classic.formats import convert
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.models.classic.fairseq_fconv_reference import write_checkpoint
 from tests.server.engine.helpers import run_to_completion
 

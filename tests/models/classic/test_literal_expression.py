@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.classic.literal_expression import ExpressionError, literal_expression
+from quill.models.classic.literal_expression import ExpressionError, literal_expression
 
 WIKITEXT103 = ("[(850, 6)] * 3 + [(850, 1)] * 1 + [(850, 5)] * 4 + [(850, 1)] * 1 + [(850, 4)] * 3"
                " + [(1024, 4)] * 1 + [(2048, 4)] * 1")

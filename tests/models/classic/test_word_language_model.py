@@ -7,13 +7,13 @@ import sys
 import pytest
 import torch
 
-from models.checkpoint import load_checkpoint
-from models.classic.corpus_vocabulary import corpus_words
-from models.classic.formats import convert
-from models.errors import CheckpointError
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.checkpoint import load_checkpoint
+from quill.models.classic.corpus_vocabulary import corpus_words
+from quill.models.classic.formats import convert
+from quill.models.errors import CheckpointError
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.models.classic.wlm_checkpoints import (WORDS, build_rnn_model, build_transformer_model, reference_beam,
                                                   reference_greedy, reference_logits, save_state_dict, save_whole,
                                                   write_corpus)
@@ -162,7 +162,7 @@ def engine(loaded, budget: int = 64) -> EngineCore:
 @pytest.mark.parametrize("rnn_type", RNN_TYPES + ["Transformer"])
 def test_engine_greedy_beam_and_logprobs_match_the_example(tmp_path, rnn_type):
     reference, directory = original(tmp_path, rnn_type, tied=rnn_type == "GRU")
-    loaded = load_checkpoint(directory, device="cpu", dtype="float32")  # converted on the way (models/location)
+    loaded = load_checkpoint(directory, device="cpu", dtype="float32")  # converted on the way (quill/models/location)
     assert loaded.name == "run" and loaded.metadata["source_format"] == "word_language_model"
     e = engine(loaded, budget=5)  # prompts longer than 5 tokens are prefilled in chunks
     for i, prompt in enumerate(PROMPTS):
@@ -192,5 +192,5 @@ def test_a_vocabulary_without_unk_refuses_unknown_words_as_a_value_error(tmp_pat
     (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
     tokenizer = convert(directory, tmp_path / "vocab.txt").tokenizer
     assert tokenizer.encode("the cat") == [1, 2]
-    with pytest.raises(ValueError):  # the API answers 400 (server/api/validation.py)
+    with pytest.raises(ValueError):  # the API answers 400 (quill/server/api/validation.py)
         tokenizer.encode("the zebra")

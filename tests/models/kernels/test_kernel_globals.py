@@ -15,8 +15,8 @@ import pytest
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-KERNEL_MODULES = ["models.attention.triton_kernel", "models.kernels.gated_act", "models.kernels.rms_norm",
-                  "models.kernels.rope"]
+KERNEL_MODULES = ["quill.models.attention.triton_kernel", "quill.models.kernels.gated_act",
+                  "quill.models.kernels.rms_norm", "quill.models.kernels.rope", "quill.models.kernels.state_steps"]
 
 
 KERNEL = triton.runtime.jit.KernelInterface  # a compiled kernel and its interpreted stand-in alike

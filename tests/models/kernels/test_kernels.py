@@ -1,4 +1,4 @@
-"""Each fused Triton kernel against the eager reference (models/kernels/torch_ops.py).
+"""Each fused Triton kernel against the eager reference (quill/models/kernels/torch_ops.py).
 
 Small odd shapes: widths that are not powers of two, one row and many, strided inputs as the model
 hands them over (q and k are views into one projection). On the CPU the kernels run in the Triton
@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("triton", reason="needs the triton package (the test extra installs it on Linux x86-64)")
 
-from models.kernels.torch_ops import TORCH_OPS  # noqa: E402
-from models.transformer import RMSNorm, UnitOffsetRMSNorm  # noqa: E402
+from quill.models.kernels.torch_ops import TORCH_OPS  # noqa: E402
+from quill.models.transformer import RMSNorm, UnitOffsetRMSNorm  # noqa: E402
 from tests.conftest import KERNEL_DEVICE  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if KERNEL_DEVICE.type == "cuda" else [])
@@ -24,7 +24,7 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  
 
 @pytest.fixture(scope="module")
 def ops():
-    from models.kernels.triton_ops import TritonLayerOps
+    from quill.models.kernels.triton_ops import TritonLayerOps
 
     return TritonLayerOps()
 

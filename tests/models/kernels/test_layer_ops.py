@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.batch import StepBatch
-from models.kernels import TORCH_OPS, select_layer_ops
-from models.registry import ARCHITECTURES
+from quill.models.batch import StepBatch
+from quill.models.kernels import TORCH_OPS, select_layer_ops
+from quill.models.registry import ARCHITECTURES
 from tests.conftest import KERNEL_DEVICE, build_tiny_model
 
 V = 300
@@ -25,7 +25,7 @@ def test_auto_is_torch_on_the_cpu_and_models_start_with_torch():
 
 
 def test_load_checkpoint_chooses_the_layer_ops(tmp_path, tiny_tokenizer):
-    from models.checkpoint import load_checkpoint, save_checkpoint
+    from quill.models.checkpoint import load_checkpoint, save_checkpoint
 
     arch, model = build_tiny_model("transformer-llama", tiny_tokenizer.vocab_size, device="cpu")
     path = save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32)
@@ -36,7 +36,7 @@ def test_load_checkpoint_chooses_the_layer_ops(tmp_path, tiny_tokenizer):
 
 def test_triton_is_refused_on_the_cpu_outside_the_interpreter(monkeypatch):
     pytest.importorskip("triton", reason="needs the triton package")
-    from models.kernels import triton_ops
+    from quill.models.kernels import triton_ops
 
     monkeypatch.setattr(triton_ops, "is_interpreted", lambda: False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
@@ -46,7 +46,7 @@ def test_triton_is_refused_on_the_cpu_outside_the_interpreter(monkeypatch):
 def test_the_serve_flag_reaches_the_server_config():
     import argparse
 
-    from server.config import add_serve_arguments, config_from_args
+    from quill.server.config import add_serve_arguments, config_from_args
 
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)

@@ -1,4 +1,4 @@
-"""The state families' fused decode steps (models/kernels/state_steps.py) against their eager references: the same
+"""The state families' fused decode steps (quill/models/kernels/state_steps.py) against their eager references: the same
 outputs, the same new state in the rows' slots, every other slot untouched. Odd sizes (not powers of two, more
 than one block), slots out of order, state tensors that are one layer's view of all layers as the models pass them.
 On the CPU the kernels run in the Triton interpreter; on a GPU they are compiled."""
@@ -10,9 +10,9 @@ import torch
 
 pytest.importorskip("triton", reason="needs the triton package (the test extra installs it on Linux x86-64)")
 
-from models import mlstm  # noqa: E402
-from models.mamba_scan import scan_step, selective_scan  # noqa: E402
-from models.ssd import ssd_step  # noqa: E402
+from quill.models import mlstm  # noqa: E402
+from quill.models.mamba_scan import scan_step, selective_scan  # noqa: E402
+from quill.models.ssd import ssd_step  # noqa: E402
 from tests.conftest import KERNEL_DEVICE  # noqa: E402
 
 SLOTS = [4, 0, 2]  # three rows in slots out of order; slots 1, 3 and 5 belong to nobody this step
@@ -21,7 +21,7 @@ NUM_SLOTS, LAYERS, LAYER = 6, 3, 1
 
 @pytest.fixture(scope="module")
 def kernels():
-    from models.kernels import state_steps
+    from quill.models.kernels import state_steps
 
     return state_steps
 
@@ -126,9 +126,9 @@ def test_a_models_decode_steps_through_the_kernels_match_its_eager_steps(arch, m
     """The model routes its decode steps (and Mamba-1 its prompts) to the kernels: prompts of three lengths in slots
     out of order, then decode steps; the logits and every slot's state match the eager model's. (On the CPU the router
     offers the kernels only on CUDA; here it is told to offer them, and they run in the interpreter.)"""
-    from models import kernels as kernel_router
-    from models.batch import StepBatch
-    from models.registry import ARCHITECTURES
+    from quill.models import kernels as kernel_router
+    from quill.models.batch import StepBatch
+    from quill.models.registry import ARCHITECTURES
 
     config_cls, model_cls = ARCHITECTURES[arch]
     torch.manual_seed(0)
@@ -167,6 +167,6 @@ def test_a_models_decode_steps_through_the_kernels_match_its_eager_steps(arch, m
 
 
 def state_steps_module():
-    from models.kernels import state_steps
+    from quill.models.kernels import state_steps
 
     return state_steps

@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from server.api.app import create_app
-from server.config import ServerConfig
-from server.hosting import ModelHost
+from quill.server.api.app import create_app
+from quill.server.config import ServerConfig
+from quill.server.hosting import ModelHost
 from tests.conftest import TEST_DEVICE, TINY, LiveServer  # noqa: F401  (LiveServer: used by tests importing from here)
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import threading
 from unittest import mock
 
-from clients.ready import wait_until_ready
-from server.config import ServerConfig
-from server.hosting import HostedModel, ModelHost
-from server.serve import build_server
+from quill.clients.ready import wait_until_ready
+from quill.server.config import ServerConfig
+from quill.server.hosting import HostedModel, ModelHost
+from quill.server.serve import build_server
 
 
 class HeldLoadServer:

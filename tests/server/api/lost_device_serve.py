@@ -17,8 +17,8 @@ def _illegal_access(self):
 
 
 if __name__ in ("__main__", "__mp_main__"):
-    from server.engine import core_loop
-    from server.engine.core import EngineCore
+    from quill.server.engine import core_loop
+    from quill.server.engine.core import EngineCore
 
     EngineCore.step = _illegal_access
     core_loop.device_lost = lambda device: True

@@ -11,10 +11,10 @@ import httpx
 import pytest
 import transformers
 
-from models.chat_template import ChatTemplate
-from server.api.app import create_app
-from server.config import ServerConfig
-from server.hosting import ModelHost
+from quill.models.chat_template import ChatTemplate
+from quill.server.api.app import create_app
+from quill.server.config import ServerConfig
+from quill.server.hosting import ModelHost
 from tests.hub_checkpoints import reference_chat
 
 LLAMA = "quill-test/tiny-llama-chat"

@@ -15,12 +15,12 @@ import pytest
 import transformers
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from server.api.app import create_app
-from server.api.chat_tools import answer_format
-from server.api.tool_calls.forced import named_schema, required_schema
-from server.config import ServerConfig
-from server.engine.outputs import CompletionOutput, RequestOutput
-from server.hosting import ModelHost
+from quill.server.api.app import create_app
+from quill.server.api.chat_tools import answer_format
+from quill.server.api.tool_calls.forced import named_schema, required_schema
+from quill.server.config import ServerConfig
+from quill.server.engine.outputs import CompletionOutput, RequestOutput
+from quill.server.hosting import ModelHost
 from tests.hub_checkpoints import MISTRAL_TOOLS_TEMPLATE
 from tests.models.test_chat_template import TOOL_CHAT, TOOLS
 from tests.server.api.test_whole_answers import ScriptedStream
@@ -254,7 +254,7 @@ FORCED = {  # tool_choice -> the answer constrained decoding would hold to its s
 async def test_forced_answers_read_as_calls_plain_and_streamed(app, oai, monkeypatch, choice):
     """The route's side of "required" and a named function: the schema it constrains the answer to, and the
     calls a scripted answer to that schema reads as."""
-    from server.api import chat_routes
+    from quill.server.api import chat_routes
 
     schemas, constrained = [], chat_routes._constrained
     monkeypatch.setattr(chat_routes, "_constrained",

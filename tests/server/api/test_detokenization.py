@@ -16,10 +16,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from models.checkpoint import save_checkpoint
-from models.tokenizer import Tokenizer
-from server.api.app import create_app
-from server.hosting import ModelHost
+from quill.models.checkpoint import save_checkpoint
+from quill.models.tokenizer import Tokenizer
+from quill.server.api.app import create_app
+from quill.server.hosting import ModelHost
 from tests.conftest import build_hf_tokenizer, build_metaspace_tokenizer, build_scripted_transformer
 from tests.server.api.conftest import server_config
 

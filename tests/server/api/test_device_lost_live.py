@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from server.serve import ENGINES_DEAD_EXIT_CODE
+from quill.server.serve import ENGINES_DEAD_EXIT_CODE
 from tests.server.api.conftest import LiveServer
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from server.api.engine_errors import checked, engine_error
-from server.api.errors import APIError
-from server.engine.frontend import EngineDeadError
-from server.engine.outputs import CompletionOutput, RequestOutput
-from server.engine.scheduler import QueueFullError
+from quill.server.api.engine_errors import checked, engine_error
+from quill.server.api.errors import APIError
+from quill.server.engine.frontend import EngineDeadError
+from quill.server.engine.outputs import CompletionOutput, RequestOutput
+from quill.server.engine.scheduler import QueueFullError
 
 
 def test_each_failure_has_its_status():

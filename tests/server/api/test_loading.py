@@ -10,10 +10,10 @@ import signal
 import httpx
 import pytest
 
-from server import serve
-from server.api.app import create_app
-from server.api.errors import is_openai_path
-from server.api.generation import LOADING_RETRY_AFTER_SECONDS
+from quill.server import serve
+from quill.server.api.app import create_app
+from quill.server.api.errors import is_openai_path
+from quill.server.api.generation import LOADING_RETRY_AFTER_SECONDS
 from tests.conftest import free_port
 from tests.server.api.conftest import server_config
 from tests.server.api.held_server import HeldLoadServer

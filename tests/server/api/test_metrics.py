@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from server.api.metrics import TOKEN_LATENCY_BUCKETS, observe_repeated
+from quill.server.api.metrics import TOKEN_LATENCY_BUCKETS, observe_repeated
 
 
 def _samples(registry: CollectorRegistry) -> dict:

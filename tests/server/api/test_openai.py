@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from server.api.app import create_app
-from server.hosting import ModelHost
+from quill.server.api.app import create_app
+from quill.server.hosting import ModelHost
 from tests.server.api.conftest import TINY, server_config
 
 MODELS = list(TINY)

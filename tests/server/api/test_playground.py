@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from server.api.generation import LOADING_RETRY_AFTER_SECONDS
+from quill.server.api.generation import LOADING_RETRY_AFTER_SECONDS
 from tests.conftest import TEXT, LiveServer, free_port
 from tests.server.api.conftest import server_config
 from tests.server.api.held_server import HeldLoadServer

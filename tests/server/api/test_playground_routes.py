@@ -11,13 +11,13 @@ from pathlib import Path
 
 import httpx
 
-from server.api.app import create_app
-from server.api.playground_routes import ASSETS
-from server.hosting import ModelHost
+from quill.server.api.app import create_app
+from quill.server.api.playground_routes import ASSETS
+from quill.server.hosting import ModelHost
 from tests.server.api.conftest import server_config
 
 ROOT = Path(__file__).resolve().parents[3]
-PAGE_DIR = ROOT / "server" / "api" / "playground"
+PAGE_DIR = ROOT / "quill" / "server" / "api" / "playground"
 
 
 async def test_page_and_its_files_are_served(client):
@@ -77,7 +77,7 @@ async def test_page_is_open_under_an_api_key_and_the_api_is_not(tiny_checkpoints
 
 def test_the_page_ships_with_the_package():
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    patterns = package_data["server"]
+    patterns = package_data["quill.server"]
     for path in PAGE_DIR.iterdir():
-        relative = path.relative_to(ROOT / "server").as_posix()
+        relative = path.relative_to(ROOT / "quill" / "server").as_posix()
         assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} is not package data"

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from server.api.app import create_app
-from server.api.sampling_defaults import default_max_tokens, fill_sampling_settings
-from server.config import ServerConfig
-from server.hosting import ModelHost
+from quill.server.api.app import create_app
+from quill.server.api.sampling_defaults import default_max_tokens, fill_sampling_settings
+from quill.server.config import ServerConfig
+from quill.server.hosting import ModelHost
 
 LLAMA = "quill-test/tiny-llama-chat"  # recommends temperature 0.6, top_p 0.9, max_new_tokens 64
 RECOMMENDED = dict(temperature=0.6, top_p=0.9, max_tokens=64)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.api.sse import sse_event
+from quill.server.api.sse import sse_event
 
 
 def test_an_event_is_compact_json_in_utf8():

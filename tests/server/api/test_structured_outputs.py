@@ -8,9 +8,9 @@ import re
 import httpx
 import pytest
 
-from server.api.app import create_app
-from server.config import ServerConfig
-from server.hosting import ModelHost
+from quill.server.api.app import create_app
+from quill.server.config import ServerConfig
+from quill.server.hosting import ModelHost
 from tests.server.api.test_tgi import generate
 
 SCHEMA = {"type": "object", "properties": {"word": {"enum": ["to", "be"]}, "n": {"type": "integer", "minimum": 0,

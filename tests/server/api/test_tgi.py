@@ -7,10 +7,10 @@ import json
 import httpx
 import pytest
 
-from server.api.app import create_app
-from server.engine.frontend import EngineDeadError, RequestStream
-from server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
-from server.engine.scheduler import QueueFullError
+from quill.server.api.app import create_app
+from quill.server.engine.frontend import EngineDeadError, RequestStream
+from quill.server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from quill.server.engine.scheduler import QueueFullError
 from tests.conftest import TEST_DEVICE
 from tests.server.api.conftest import TINY, server_config
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from server.api.app import create_app
-from server.config import ServerConfig
-from server.hosting import ModelHost
+from quill.server.api.app import create_app
+from quill.server.config import ServerConfig
+from quill.server.hosting import ModelHost
 
 
 @pytest.fixture(scope="module")

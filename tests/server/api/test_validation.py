@@ -7,18 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from server.api.errors import APIError
-from server.api.validation import (
-    build_params,
-    check_beam_width,
-    check_max_tokens,
-    check_num_samples,
-    check_stop,
-    check_top_k,
-    parse_logit_bias,
-    stop_strings,
-)
-from server.config import ServerConfig
+from quill.server.api.errors import APIError
+from quill.server.api.validation import (build_params, check_beam_width, check_max_tokens, check_num_samples,
+                                         check_stop, check_top_k, parse_logit_bias, stop_strings)
+from quill.server.config import ServerConfig
 
 CONFIG = ServerConfig(max_tokens_limit=100, max_n=4, max_beam_width=3, max_stop_strings=2, max_stop_string_chars=5)
 HOSTED = SimpleNamespace(loaded=SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=50)),

@@ -42,7 +42,7 @@ class HostSyncGuard(TorchDispatchMode):
 
 
 class EmulatedGraphs:
-    """The capture layer of server/engine/cuda_graphs.py, replaying by running the step again."""
+    """The capture layer of quill/server/engine/cuda_graphs.py, replaying by running the step again."""
 
     def __init__(self):
         self.replays: Counter[int] = Counter()  # bucket size -> replays

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from server.engine import hybrid_cache, kv_blocks, prefix, state_slots
-from server.engine.core import EngineCore
+from quill.server.engine import hybrid_cache, kv_blocks, prefix, state_slots
+from quill.server.engine.core import EngineCore
 
 
 def run_to_completion(engine: EngineCore, max_steps: int = 10_000) -> dict[str, dict[int, dict]]:
@@ -39,10 +39,10 @@ def scripted_engine(tokenizer, state_kind: str = "paged_kv", logits_fn=None, max
     """An engine over `ScriptedModel`: no model compute, logits chosen by `logits_fn` (or a fixed table)."""
     import torch
 
-    from models.checkpoint import LoadedModel
-    from models.scripted import ScriptedConfig, ScriptedModel
-    from server.engine.core import CacheConfig, EngineConfig
-    from server.engine.scheduler import SchedulerConfig
+    from quill.models.checkpoint import LoadedModel
+    from quill.models.scripted import ScriptedConfig, ScriptedModel
+    from quill.server.engine.core import CacheConfig, EngineConfig
+    from quill.server.engine.scheduler import SchedulerConfig
 
     from tests.conftest import TEST_DEVICE
 

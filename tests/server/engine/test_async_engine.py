@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from server.engine.async_engine import AsyncEngine
-from server.engine.core import CacheConfig, EngineConfig
-from server.engine.scheduler import QueueFullError, SchedulerConfig
-from server.sampling import SamplingParams
+from quill.server.engine.async_engine import AsyncEngine
+from quill.server.engine.core import CacheConfig, EngineConfig
+from quill.server.engine.scheduler import QueueFullError, SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.server.engine.test_engine import loaded_model
 
 

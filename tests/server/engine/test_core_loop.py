@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.core_loop import CoreLoop
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.core_loop import CoreLoop
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.server.engine.helpers import collect
 from tests.server.engine.test_engine import loaded_model
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.checkpoint import LoadedModel
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.checkpoint import LoadedModel
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.conftest import TEST_DEVICE, build_tiny_model
 from tests.server.engine.helpers import run_to_completion
 

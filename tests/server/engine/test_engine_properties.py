@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import QueueFullError, SchedulerConfig
-from server.sampling import SamplingParams
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import QueueFullError, SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.server.engine.test_engine import loaded_model
 
 BUDGET, MAX_SEQS = 12, 6

@@ -17,12 +17,12 @@ import threading
 import pytest
 import torch
 
-from models.checkpoint import LoadedModel, resolve_device
-from server.engine import memory, runner
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.core_loop import CoreLoop
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.checkpoint import LoadedModel, resolve_device
+from quill.server.engine import memory, runner
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.core_loop import CoreLoop
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.conftest import TINY_CONFIGS
 from tests.fake_cuda import CUDA, fake_cuda, fake_model, waiting_copies
 from tests.models.test_fake_cuda import model_spec
@@ -130,7 +130,7 @@ def test_overlapped_scheduling_is_on_by_default_on_cuda_only(tiny_tokenizer):
 
 
 def test_an_engine_on_cuda_compiles_every_attention_variant_before_serving(monkeypatch, tiny_tokenizer):
-    from server.engine import core as engine_core
+    from quill.server.engine import core as engine_core
 
     calls = []
     monkeypatch.setattr(engine_core, "warm_attention_variants", lambda model, block_size: calls.append(block_size))

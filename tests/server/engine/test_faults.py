@@ -8,14 +8,14 @@ import asyncio
 import pytest
 import torch
 
-from server.engine import core_loop
-from server.engine.async_engine import AsyncEngine
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.core_loop import CoreLoop
-from server.engine.faults import DeviceLostError, device_lost
-from server.engine.frontend import EngineDeadError
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.server.engine import core_loop
+from quill.server.engine.async_engine import AsyncEngine
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.core_loop import CoreLoop
+from quill.server.engine.faults import DeviceLostError, device_lost
+from quill.server.engine.frontend import EngineDeadError
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.server.engine.test_engine import loaded_model
 
 STICKY = "CUDA error: an illegal memory access was encountered"

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from server.engine.core import EngineConfig
-from server.engine.frontend import EngineDeadError, EngineFrontend
-from server.engine.outputs import CompletionOutput, RequestOutput
+from quill.server.engine.core import EngineConfig
+from quill.server.engine.frontend import EngineDeadError, EngineFrontend
+from quill.server.engine.outputs import CompletionOutput, RequestOutput
 
 
 class RecordingFrontend(EngineFrontend):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.engine.graph_buckets import choose_bucket, graph_batch_sizes, pad_rows
+from quill.server.engine.graph_buckets import choose_bucket, graph_batch_sizes, pad_rows
 
 
 def test_sizes_are_powers_of_two_to_eight_then_steps_of_sixteen():

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from models.state import HybridState, PagedKVCache, SlotState
-from server.engine.cache_table import CacheTable
-from server.engine.hybrid_cache import HybridCacheManager
-from server.engine.kv_blocks import KVBlockManager
-from server.engine.prefix import block_keys
-from server.engine.state_kinds import KVBlocks, Slots, StateLayout
-from server.engine.state_slots import StateSlotManager
-from server.sampling import SamplingParams
+from quill.models.state import HybridState, PagedKVCache, SlotState
+from quill.server.engine.cache_table import CacheTable
+from quill.server.engine.hybrid_cache import HybridCacheManager
+from quill.server.engine.kv_blocks import KVBlockManager
+from quill.server.engine.prefix import block_keys
+from quill.server.engine.state_kinds import KVBlocks, Slots, StateLayout
+from quill.server.engine.state_slots import StateSlotManager
+from quill.server.sampling import SamplingParams
 from tests.server.engine.helpers import record_hashed_blocks, run_to_completion, scripted_engine
 
 BLOCK = 4
@@ -101,8 +101,8 @@ def test_a_prompts_blocks_are_hashed_once_for_both_kinds(monkeypatch):
 
 
 def test_layout_allocates_both_and_locates_each_sequences_share():
-    from models.scripted import ScriptedConfig, ScriptedModel
-    from models.batch import StepBatch
+    from quill.models.scripted import ScriptedConfig, ScriptedModel
+    from quill.models.batch import StepBatch
 
     model = ScriptedModel(ScriptedConfig(50, state_kind="hybrid"))
     layout = StateLayout(model, [KVBlocks(10, BLOCK, True), Slots(3, 3, BLOCK, True)], spare=1, max_model_len=16)
@@ -139,11 +139,11 @@ def test_engine_serves_a_hybrid_model_like_the_others(tiny_tokenizer):
 def test_a_hybrids_blocks_take_the_cache_bytes_its_slots_leave():
     """plan_state: every sequence a slot, snapshots_per_seq snapshots each, and K,V blocks in what --cache-bytes
     leaves beside those slots (and the graphs' spare one): the two kinds never share more than the budget."""
-    from models.scripted import ScriptedConfig, ScriptedModel
-    from models.state import state_parts
-    from server.engine.core import CacheConfig
-    from server.engine.scheduler import SchedulerConfig
-    from server.engine.state_kinds import plan_state
+    from quill.models.scripted import ScriptedConfig, ScriptedModel
+    from quill.models.state import state_parts
+    from quill.server.engine.core import CacheConfig
+    from quill.server.engine.scheduler import SchedulerConfig
+    from quill.server.engine.state_kinds import plan_state
 
     model = ScriptedModel(ScriptedConfig(50, state_kind="hybrid"))
     budget = 2**20

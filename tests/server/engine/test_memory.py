@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.engine import memory
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.memory import DEFAULT_CACHE_BYTES, GpuMemory, choose_cache_bytes, kv_cache_bytes, profile_step
-from server.engine.scheduler import SchedulerConfig
+from quill.server.engine import memory
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.memory import DEFAULT_CACHE_BYTES, GpuMemory, choose_cache_bytes, kv_cache_bytes, profile_step
+from quill.server.engine.scheduler import SchedulerConfig
 from tests.conftest import build_tiny_model
 from tests.server.engine.test_engine import loaded_model
 
@@ -84,7 +84,7 @@ def test_the_sampler_is_profiled_at_its_costliest_and_counts_when_it_needs_more(
 
 
 def test_the_costliest_sampling_runs_every_processor():
-    from server.sampling.table import build_batch
+    from quill.server.sampling.table import build_batch
 
     batch = build_batch([memory.COSTLIEST_SAMPLING] * 3, [[0]] * 3, [[0]] * 3, [None] * 3, 300, "cpu")
     assert batch.uses_top_p and batch.uses_min_p and batch.max_top_k == 50 and batch.num_top_logprobs == 20
@@ -141,7 +141,7 @@ def test_graph_memory_is_measured_only_when_graphs_are_captured(monkeypatch):
 
 def test_a_hybrid_models_profiling_steps_run_on_its_blocks_and_slots(monkeypatch, tmp_path):
     """LFM2 (conv slots beside attention K,V): both profiling steps get a state of both kinds and score every row."""
-    from models.checkpoint import load_checkpoint
+    from quill.models.checkpoint import load_checkpoint
     from tests.hf_state_models.lfm2 import V, save_tiny
 
     save_tiny(tmp_path)

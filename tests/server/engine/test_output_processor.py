@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from server.engine.output_processor import OutputProcessor
-from server.engine.sequence import Sequence, SequenceGroup
-from server.sampling import SamplingParams
+from quill.server.engine.output_processor import OutputProcessor
+from quill.server.engine.sequence import Sequence, SequenceGroup
+from quill.server.sampling import SamplingParams
 
 
 def new_request(processor, tokenizer, prompt_text: str, **params):

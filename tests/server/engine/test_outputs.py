@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob, merge_outputs
+from quill.server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob, merge_outputs
 
 
 def steps() -> list[RequestOutput]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.server.engine.helpers import collect, scripted_engine
 from tests.server.engine.test_engine import loaded_model
 
@@ -279,7 +279,7 @@ def test_overlapped_steps_replay_graphs_with_the_eager_answers(tiny_tokenizer, a
 
 
 def test_a_fault_with_a_step_in_flight_fails_its_requests_and_the_engine_goes_on(tiny_tokenizer, monkeypatch):
-    from server.engine.core_loop import CoreLoop
+    from quill.server.engine.core_loop import CoreLoop
 
     engine = scripted_engine(tiny_tokenizer, async_scheduling=True)
     loop = CoreLoop(engine)

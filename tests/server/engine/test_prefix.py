@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from server.engine.kv_blocks import KVBlockManager
-from server.engine.prefix import ROOT, block_keys
-from server.engine.state_slots import StateSlotManager
+from quill.server.engine.kv_blocks import KVBlockManager
+from quill.server.engine.prefix import ROOT, block_keys
+from quill.server.engine.state_slots import StateSlotManager
 
 # Two blocks of 4 token ids whose chained Python hashes collide: hash((0, A)) == hash((0, B)), as the old
 # keys (parent hash, tokens) chained them. Found in 20 s by a distinguished-point collision search over

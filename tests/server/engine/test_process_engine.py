@@ -12,14 +12,14 @@ import threading
 import pytest
 import torch
 
-from models.checkpoint import load_checkpoint
-from server.engine.async_engine import AsyncEngine
-from server.engine.core import CacheConfig, EngineConfig
-from server.engine.core_process import CoreSpec
-from server.engine.frontend import EngineDeadError
-from server.engine.process_engine import EngineStartCancelled, EngineStartError, ProcessEngine
-from server.engine.scheduler import QueueFullError, SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.checkpoint import load_checkpoint
+from quill.server.engine.async_engine import AsyncEngine
+from quill.server.engine.core import CacheConfig, EngineConfig
+from quill.server.engine.core_process import CoreSpec
+from quill.server.engine.frontend import EngineDeadError
+from quill.server.engine.process_engine import EngineStartCancelled, EngineStartError, ProcessEngine
+from quill.server.engine.scheduler import QueueFullError, SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.conftest import TEST_DEVICE
 
 CONFIG = EngineConfig(SchedulerConfig(max_num_seqs=8), CacheConfig(block_size=4, num_blocks=256))

@@ -11,10 +11,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from models.checkpoint import load_checkpoint
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.checkpoint import load_checkpoint
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.conftest import TEST_DEVICE, build_hf_tokenizer
 from tests.server.engine.helpers import run_to_completion
 

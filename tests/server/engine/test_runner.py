@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.checkpoint import LoadedModel
-from models.scripted import ScriptedConfig, ScriptedModel
-from server.engine.cache_table import CacheTable
-from server.engine.core import CacheConfig, EngineConfig, EngineCore
-from server.engine.scheduler import SchedulerConfig
-from server.sampling import SamplingParams
+from quill.models.checkpoint import LoadedModel
+from quill.models.scripted import ScriptedConfig, ScriptedModel
+from quill.server.engine.cache_table import CacheTable
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.scheduler import SchedulerConfig
+from quill.server.sampling import SamplingParams
 from tests.conftest import TEST_DEVICE
 from tests.server.engine.graph_emulation import EmulatedGraphs
 from tests.server.engine.helpers import collect, run_to_completion, scripted_engine

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from models.state import SlotState
-from server.engine.state_kinds import Slots
-from server.engine.state_slots import StateSlotManager
+from quill.models.state import SlotState
+from quill.server.engine.state_kinds import Slots
+from quill.server.engine.state_slots import StateSlotManager
 
 
 class Applied(StateSlotManager):

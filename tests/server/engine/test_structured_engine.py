@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from server.sampling import SamplingParams, StructuredOutput
+from quill.server.sampling import SamplingParams, StructuredOutput
 from tests.server.engine.helpers import run_to_completion
 from tests.server.engine.test_engine import engine, loaded_model
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from server.engine.kv_blocks import KVBlockManager
-from server.engine.scheduler import Scheduler, SchedulerConfig
-from server.engine.sequence import Sequence, SequenceGroup
-from server.engine.state_slots import StateSlotManager
-from server.engine.table_edits import TableEdit
-from server.sampling import SamplingParams
+from quill.server.engine.kv_blocks import KVBlockManager
+from quill.server.engine.scheduler import Scheduler, SchedulerConfig
+from quill.server.engine.sequence import Sequence, SequenceGroup
+from quill.server.engine.state_slots import StateSlotManager
+from quill.server.engine.table_edits import TableEdit
+from quill.server.sampling import SamplingParams
 
 
 def replay(edits: list[TableEdit], tables: dict[int, list[int]]) -> dict[int, list[int]]:

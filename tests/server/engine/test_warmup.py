@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.engine.warmup import QUERY_LENS, warm_attention_variants
+from quill.server.engine.warmup import QUERY_LENS, warm_attention_variants
 from tests.conftest import KERNEL_DEVICE, build_tiny_model
 
 pytest.importorskip("triton", reason="needs the triton package (the test extra installs it on Linux x86-64)")
@@ -12,7 +12,7 @@ pytest.importorskip("triton", reason="needs the triton package (the test extra i
 
 @pytest.mark.parametrize("key", ["transformer-llama", "transformer-gpt2"])
 def test_one_step_per_tile_size_reaches_the_kernel(key, monkeypatch):
-    from models.attention import triton_kernel
+    from quill.models.attention import triton_kernel
 
     _, model = build_tiny_model(key, 300, device=KERNEL_DEVICE)  # compiled on a GPU, interpreted on a CPU
     model.attention_backend = "triton"

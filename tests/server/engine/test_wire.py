@@ -6,25 +6,13 @@ import os
 
 import pytest
 
-from server.engine.core import EngineStats
-from server.engine.messages import (
-    DOWN,
-    UP,
-    AbortRequest,
-    AddRequest,
-    CoreInfo,
-    Failed,
-    MessageKind,
-    Ready,
-    Refusal,
-    RefusalKind,
-    StepOutputs,
-    Stop,
-)
-from server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
-from server.engine.scheduler import QueueFullError
-from server.engine.wire import FrameReader, MessageReader, MessageWriter, write_frame
-from server.sampling import SamplingParams
+from quill.server.engine.core import EngineStats
+from quill.server.engine.messages import (DOWN, UP, AbortRequest, AddRequest, CoreInfo, Failed, MessageKind, Ready,
+                                          Refusal, RefusalKind, StepOutputs, Stop)
+from quill.server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from quill.server.engine.scheduler import QueueFullError
+from quill.server.engine.wire import FrameReader, MessageReader, MessageWriter, write_frame
+from quill.server.sampling import SamplingParams
 
 
 @pytest.fixture

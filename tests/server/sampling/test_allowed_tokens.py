@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from server.sampling import SamplingParams, build_batch, sample
-from server.sampling.processors import apply_allowed_tokens, unpack_bitmask
+from quill.server.sampling import SamplingParams, build_batch, sample
+from quill.server.sampling.processors import apply_allowed_tokens, unpack_bitmask
 
 V = 70  # not a multiple of 32: the last mask word is partly past the vocabulary
 

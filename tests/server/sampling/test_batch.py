@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from server.sampling.batch import new_generator
-from server.sampling.params import SamplingParams
-from server.sampling.table import build_batch
+from quill.server.sampling.batch import new_generator
+from quill.server.sampling.params import SamplingParams
+from quill.server.sampling.table import build_batch
 from tests.conftest import TEST_DEVICE
 
 V = 10

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from server.sampling.beam import BeamRequest, beam_candidates
+from quill.server.sampling.beam import BeamRequest, beam_candidates
 from tests.conftest import TEST_DEVICE
 
 

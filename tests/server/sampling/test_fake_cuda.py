@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from server.sampling import SamplingBatch, SamplingParams, build_batch, prompt_logprobs, sample
-from server.sampling.beam import BeamRequest, beam_candidates
+from quill.server.sampling import SamplingBatch, SamplingParams, build_batch, prompt_logprobs, sample
+from quill.server.sampling.beam import BeamRequest, beam_candidates
 from tests.fake_cuda import CUDA, assert_on_cuda, fake_cuda
 
 V = 50

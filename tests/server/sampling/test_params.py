@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from server.sampling.params import SamplingParamError, SamplingParams
-from server.sampling.structured import StructuredOutput
+from quill.server.sampling.params import SamplingParamError, SamplingParams
+from quill.server.sampling.structured import StructuredOutput
 
 NAN, INF = math.nan, math.inf
 

@@ -11,20 +11,12 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from server.sampling.params import SamplingParams
-from server.sampling.processors import (
-    apply_banned_tokens,
-    apply_logit_bias,
-    apply_min_p,
-    apply_presence_frequency_penalties,
-    apply_repetition_penalty,
-    apply_temperature,
-    apply_top_k,
-    apply_top_p,
-    token_counts,
-)
-from server.sampling.sampler import process_logits
-from server.sampling.table import build_batch
+from quill.server.sampling.params import SamplingParams
+from quill.server.sampling.processors import (apply_banned_tokens, apply_logit_bias, apply_min_p,
+                                              apply_presence_frequency_penalties, apply_repetition_penalty,
+                                              apply_temperature, apply_top_k, apply_top_p, token_counts)
+from quill.server.sampling.sampler import process_logits
+from quill.server.sampling.table import build_batch
 from tests.conftest import TEST_DEVICE
 
 B, V = 6, 64

@@ -4,20 +4,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.sampling.batch import SamplingBatch
-from server.sampling.params import SamplingParams
-from server.sampling.processors import (
-    apply_banned_tokens,
-    apply_logit_bias,
-    apply_min_p,
-    apply_presence_frequency_penalties,
-    apply_repetition_penalty,
-    apply_temperature,
-    apply_top_k,
-    apply_top_p,
-)
-from server.sampling.sampler import process_logits, sample
-from server.sampling.table import build_batch
+from quill.server.sampling.batch import SamplingBatch
+from quill.server.sampling.params import SamplingParams
+from quill.server.sampling.processors import (apply_banned_tokens, apply_logit_bias, apply_min_p,
+                                              apply_presence_frequency_penalties, apply_repetition_penalty,
+                                              apply_temperature, apply_top_k, apply_top_p)
+from quill.server.sampling.sampler import process_logits, sample
+from quill.server.sampling.table import build_batch
 from tests.conftest import TEST_DEVICE
 
 SETTINGS = settings(max_examples=60, deadline=None)

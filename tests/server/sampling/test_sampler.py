@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from server.sampling.batch import new_generator
-from server.sampling.params import SamplingParams
-from server.sampling.processors import apply_top_k, apply_top_p
-from server.sampling.sampler import process_logits, prompt_logprobs, sample
-from server.sampling.table import build_batch
+from quill.server.sampling.batch import new_generator
+from quill.server.sampling.params import SamplingParams
+from quill.server.sampling.processors import apply_top_k, apply_top_p
+from quill.server.sampling.sampler import process_logits, prompt_logprobs, sample
+from quill.server.sampling.table import build_batch
 from tests.conftest import TEST_DEVICE
 
 NEG_INF = float("-inf")

@@ -1,8 +1,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.sampling.params import SamplingParams
-from server.sampling.stop import StopChecker
+from quill.server.sampling.params import SamplingParams
+from quill.server.sampling.stop import StopChecker
 
 EOS = 0
 WORD = 5  # an ordinary token

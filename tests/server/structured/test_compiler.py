@@ -9,11 +9,11 @@ import re
 import pytest
 import torch
 
-from models.classic.word_tokenizer import word_tokenizer
-from models.tokenizer import Tokenizer
-from server.sampling import StructuredOutput
-from server.structured import GrammarCompiler, GrammarError
-from server.structured.matcher import bitmask_words
+from quill.models.classic.word_tokenizer import word_tokenizer
+from quill.models.tokenizer import Tokenizer
+from quill.server.sampling import StructuredOutput
+from quill.server.structured import GrammarCompiler, GrammarError
+from quill.server.structured.matcher import bitmask_words
 from tests.conftest import build_metaspace_tokenizer
 
 

@@ -1,0 +1,287 @@
+"""Checkpoint directories: config.json + weights (model.safetensors, or shards) + tokenizer.json.
+
+Our own checkpoints and Hugging Face checkpoints of the supported families load through
+the same function, from a directory, a bundled model's name or a hub id in the local
+Hugging Face cache. Beside the model and tokenizer, a Hugging Face checkpoint brings its
+generation_config.json (more end-of-sequence ids, sampling defaults) and its
+tokenizer_config.json and chat templates. Nothing is unpickled here (a classic toolkit's checkpoint
+is converted first, quill/models/classic, through an allow-list). A converted checkpoint may name text rules its
+tokenizer applies around tokenizer.json (metadata "text_rules": fastai's case markers). Every problem is one
+`CheckpointError` naming the file and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from . import hf
+from .attention import select_attention_backend
+from .kernels import select_layer_ops
+from .errors import CheckpointError, read_json_object
+from .generation_config import read_generation_config
+from .location import BUNDLED_DIR, ModelLocation, locate
+from .registry import ARCHITECTURES
+from .state import holds_kv
+from .tokenizer import Tokenizer
+from .tokenizer_config import read_tokenizer_config
+from .weights import WEIGHTS_FILE, has_weights, open_weights, read_weights
+
+# BUNDLED_DIR and CheckpointError live in their own modules and are imported from here too.
+__all__ = ["BUNDLED_DIR", "CheckpointError", "GENERATION_CONFIG_MODES", "LoadedModel", "load_checkpoint",
+           "resolve_checkpoint_path", "save_checkpoint"]
+
+CONFIG_FILE, TOKENIZER_FILE = "config.json", "tokenizer.json"
+FORMAT_VERSION = 1
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GENERATION_CONFIG_MODES = ("auto", "none")  # vLLM's --generation-config: apply the checkpoint's defaults, or not
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: Path
+    architecture: str
+    model: nn.Module
+    tokenizer: Tokenizer
+    eos_token_ids: list[int]  # config.json's, then generation_config.json's: any of them ends a sequence
+    device: torch.device
+    dtype: torch.dtype
+    metadata: dict = field(default_factory=dict)
+    model_id: str = ""  # as asked for: hub id ("org/name"), bundled name or directory; default: the path
+    revision: str | None = None  # commit of the hub snapshot it was loaded from
+    # SamplingParams field -> the checkpoint's recommended value (generation_config.json), for a request
+    # that leaves the setting out; empty with --generation-config none.
+    generation_defaults: dict = field(default_factory=dict)
+    special_tokens: dict[str, str] = field(default_factory=dict)  # "bos_token" -> "<s>", ... (what templates see)
+    chat_templates: dict[str, str] = field(default_factory=dict)  # name -> Jinja source; the main one is "default"
+    add_bos_token: bool = False  # tokenizer.encode(text) starts with bos_token (so a rendered template must not)
+
+    def __post_init__(self):
+        self.model_id = self.model_id or str(self.path or self.name)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The checkpoint's main chat template, or None if it has none."""
+        return self.chat_templates.get("default")
+
+    @property
+    def bos_token(self) -> str | None:
+        return self.special_tokens.get("bos_token")
+
+    @property
+    def eos_token(self) -> str | None:
+        return self.special_tokens.get("eos_token")
+
+    @property
+    def max_seq_len(self) -> int | None:
+        """Longest sequence the model can attend over; None for recurrent/convolutional state."""
+        return getattr(self.model.config, "max_seq_len", None) if holds_kv(self.model) else None
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def resolve_checkpoint_path(name_or_path: str | Path) -> Path:
+    """A checkpoint directory, the name of a bundled one (e.g. "shakespeare-lstm"), or a hub id in the HF cache."""
+    return locate(name_or_path).path
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """The device asked for, a CUDA one always with its index (streams, graphs and set_device need one)."""
+    if str(device) == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was asked for but no CUDA device is available")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def keep_float32_exact(device: torch.device, dtype: torch.dtype) -> None:
+    """A float32 model on CUDA computes in float32: cuDNN rounds convolutions' and LSTMs' inputs to TF32 by default
+    (matmuls already stay float32), so an engine would answer differently from its own full forward, and from
+    another process's engine. Process-wide, and harmless beside bf16 or fp16 models: TF32 is for float32 only."""
+    if device.type == "cuda" and dtype == torch.float32:
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, not {dtype!r}")
+    return DTYPES[dtype]
+
+
+def read_config(path: Path) -> tuple[str, object, list[int], dict]:
+    """config.json -> (architecture, config dataclass, end-of-sequence ids, metadata)."""
+    raw = read_json_object(path)
+    quantization = raw.get("quantization_config")
+    if quantization is not None:
+        method = quantization.get("quant_method", "unknown") if isinstance(quantization, dict) else "unknown"
+        raise CheckpointError(
+            path, f"quantized checkpoint (quantization_config, method {method!r}): "
+                  "Quill serves float32, float16 and bfloat16 weights only"
+        )
+    try:
+        if hf.is_hf_config(raw):
+            config, eos = hf.config_from_hf(raw)
+            return hf.family_of(raw).architecture, config, eos, {"hf_architectures": raw.get("architectures", [])}
+        arch = raw.get("architecture")
+        if arch not in ARCHITECTURES:
+            raise CheckpointError(path, f"unknown architecture {arch!r} (known: {', '.join(ARCHITECTURES)})")
+        config_cls, _ = ARCHITECTURES[arch]
+        config = config_cls(**raw.get("config", {}))
+        eos = raw.get("eos_token_id")
+        return arch, config, [] if eos is None else [eos], raw.get("metadata", {})
+    except (TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(path, f"invalid model configuration: {e}") from None
+
+
+def _expected_sources(config, model: nn.Module, names: set[str]) -> list[hf.TensorSource]:
+    params = [n for n, _ in model.named_parameters()]
+    if getattr(config, "extra", {}).get("hf_model_type"):
+        return hf.tensor_sources(config, params, names)
+    return [hf.same_name(n) for n in params]
+
+
+def _read_tokenizer(path: Path, eos_ids: list[int], vocab_size: int) -> Tokenizer:
+    try:
+        tokenizer = Tokenizer.from_file(path, eos_ids[0] if eos_ids else None)
+    except Exception as e:  # tokenizers raises a bare Exception on malformed files
+        raise CheckpointError(path, f"not a readable tokenizer ({e})") from None
+    if tokenizer.vocab_size > vocab_size:
+        raise CheckpointError(
+            path, f"tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary has only {vocab_size}"
+        )
+    return tokenizer
+
+
+def load_checkpoint(
+    path: str | Path | ModelLocation,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    name: str | None = None,
+    generation_config: str = "auto",
+    attention_backend: str = "auto",
+    layer_ops: str = "auto",
+    weights: bool = True,
+    revision: str | None = None,
+) -> LoadedModel:
+    """Load a checkpoint (directory, bundled model name or hub id, or where `locate` found one) for
+    inference (eval mode).
+
+    `generation_config`: "auto" takes the checkpoint's sampling defaults from
+    generation_config.json, "none" leaves them out; its end-of-sequence ids count either way.
+    `attention_backend`: how a Transformer's steps read its paged cache, a key of
+    models.attention.ATTENTION_BACKENDS or "auto" (the device's default); checked here, so a
+    backend that cannot run on the device fails the load.
+    `layer_ops`: how a Transformer's steps run norms, RoPE and the gated activation, a key of
+    models.kernels.LAYER_OPS or "auto" (fused Triton kernels on CUDA, eager PyTorch elsewhere).
+    `weights`: False loads everything but the weights (the model stays on the meta device): for a
+    process that tokenizes and validates while another process runs the model.
+    `revision`: for a hub id, the branch, tag or commit (or a unique prefix of a cached one) to
+    read; None reads main. A `ModelLocation` is read as it is, its revision already resolved: two
+    processes that load one model read the same snapshot even if its branch moves in between.
+    """
+    if generation_config not in GENERATION_CONFIG_MODES:
+        raise ValueError(f"generation_config must be one of {GENERATION_CONFIG_MODES}, not {generation_config!r}")
+    if isinstance(path, ModelLocation):
+        if revision is not None:
+            raise ValueError(f"revision {revision} was asked for, but {path.model_id} is already located")
+        location = path
+    else:
+        location = locate(path, revision)
+    path = location.path
+    # A hub snapshot's directory is named after a commit: name the model after its hub id.
+    # A converted classic checkpoint's directory is named after a hash: name it after the original.
+    name = name or (location.model_id if location.revision else
+                    Path(location.model_id).name if location.converted else path.name)
+    if path.is_file():
+        raise CheckpointError(path, "a file, not a checkpoint directory nor a classic toolkit's checkpoint "
+                                    "(PyTorch word_language_model, fastai AWD-LSTM)")
+    if not path.is_dir():
+        raise CheckpointError(path, "no such checkpoint directory")
+    for file in (CONFIG_FILE, TOKENIZER_FILE):
+        if not (path / file).is_file():
+            raise CheckpointError(path / file, "missing file")
+    if not has_weights(path):
+        raise CheckpointError(path / WEIGHTS_FILE, "missing file")
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    keep_float32_exact(device, dtype)
+    architecture, config, eos_ids, metadata = read_config(path / CONFIG_FILE)
+    generation = read_generation_config(path)
+    eos_ids += [i for i in generation.eos_token_ids if i not in eos_ids]
+    tokenizer_config = read_tokenizer_config(path)
+    tokenizer = _read_tokenizer(path / TOKENIZER_FILE, eos_ids, config.vocab_size)
+    if metadata.get("text_rules"):  # a classic toolkit's rules around the vocabulary (fastai's case markers)
+        from .classic.text_rules import with_text_rules
+
+        try:
+            tokenizer = with_text_rules(metadata["text_rules"], tokenizer)
+        except ValueError as e:
+            raise CheckpointError(path / CONFIG_FILE, str(e)) from None
+
+    _, model_cls = ARCHITECTURES[architecture]
+    with torch.device("meta"):
+        model = model_cls(config)
+    if weights:
+        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        with open_weights(path) as tensors:
+            try:
+                sources = _expected_sources(config, model, tensors.names)
+            except ValueError as e:
+                raise CheckpointError(path / CONFIG_FILE, str(e)) from None
+            model.load_state_dict(read_weights(tensors, sources, shapes, dtype, device, label=name),
+                                  strict=True, assign=True)
+    model.eval().requires_grad_(False)
+    if holds_kv(model):  # only models with attention layers have an attention backend and layer ops to choose
+        model.attention_backend = select_attention_backend(attention_backend, device).name
+        model.layer_ops = select_layer_ops(layer_ops, device)
+    return LoadedModel(
+        name=name, path=path, architecture=architecture, model=model, tokenizer=tokenizer,
+        eos_token_ids=eos_ids, device=device, dtype=dtype, metadata=metadata, model_id=location.model_id,
+        revision=location.revision,
+        generation_defaults=generation.defaults if generation_config == "auto" else {},
+        special_tokens=tokenizer_config.special_tokens, chat_templates=tokenizer_config.chat_templates,
+        add_bos_token=tokenizer.adds_bos(tokenizer_config.special_tokens.get("bos_token")),
+    )
+
+
+def save_checkpoint(
+    directory: str | Path,
+    architecture: str,
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    dtype: torch.dtype = torch.float16,
+    metadata: dict | None = None,
+) -> Path:
+    """Write a checkpoint directory that `load_checkpoint` reads back."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "format_version": FORMAT_VERSION,
+        "architecture": architecture,
+        "config": asdict(model.config),
+        "eos_token_id": tokenizer.eos_token_id,
+        "metadata": metadata or {},
+    }
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    tensors = {n: p.detach().to("cpu", dtype).contiguous() for n, p in model.named_parameters()}
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    tokenizer.save(directory / TOKENIZER_FILE)
+    return directory

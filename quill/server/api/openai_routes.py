@@ -1,0 +1,219 @@
+"""OpenAI-compatible routes: /v1/completions (plain and streamed) and /v1/models (chat: chat_routes.py)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from quill.server.engine.outputs import TokenLogprob
+
+from .engine_errors import checked, final_output
+from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
+from .generation import loaded_host, resolve_model, submit, until_disconnected
+from .openai_schemas import CompletionRequest
+from .sampling_defaults import default_max_tokens
+from .sse import SSE_HEADERS, sse_event
+from .structured_fields import check_constraint
+from .token_texts import TokenTexts
+from .tracking import RequestTracker
+from .validation import check_context, check_max_tokens, check_sequences, encode_prompt, invalid
+
+router = APIRouter()
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's, for a completion that names no max_tokens (and a checkpoint that recommends none)
+
+
+def _prompts(request: CompletionRequest) -> list:
+    p = request.prompt
+    if isinstance(p, str) or (p and isinstance(p[0], int)):
+        return [p]
+    if not p:
+        raise invalid("the prompt is empty", "prompt")
+    return list(p)
+
+
+def _validate(request: CompletionRequest, config, hosted) -> tuple:
+    """Everything checked before the first byte: OpenAI's own rules, the server's limits, sampling settings,
+    the prompts' lengths."""
+    if request.suffix:
+        raise invalid("suffix is not supported", "suffix")
+    if request.max_tokens is not None:
+        check_max_tokens(config, request.max_tokens, "max_tokens")
+    best_of = request.num_sequences
+    if request.n < 1 or best_of < request.n:
+        raise invalid(f"n must be >= 1 and best_of >= n, got n={request.n}, best_of={best_of}", "n")
+    check_sequences(config, best_of, "best_of", request.use_beam_search)
+    if request.stream and best_of > request.n and not request.use_beam_search:
+        raise invalid("best_of > n cannot be streamed", "best_of")
+    if request.use_beam_search and request.stop:
+        raise invalid("stop strings are not supported with beam search", "stop")
+    request.check_forms(config)
+    prompts = []
+    for prompt in _prompts(request):
+        ids = encode_prompt(hosted, prompt)
+        text = prompt if isinstance(prompt, str) else hosted.tokenizer.decode(ids, request.skip_special_tokens)
+        prompts.append((ids, text))
+    max_tokens = request.max_tokens
+    if max_tokens is None:
+        max_tokens = default_max_tokens(hosted, config, max(len(ids) for ids, _ in prompts), DEFAULT_MAX_TOKENS)
+    params = request.to_sampling_params(hosted, max_tokens)
+    for ids, _ in prompts:  # after the settings: a bad setting is named even when the context is also short
+        check_context(hosted, len(ids), max_tokens)
+    return params, prompts
+
+
+def _logprobs_block(texts: TokenTexts, entries: list[TokenLogprob | None], ids: list[int], offset: int,
+                    ends: bool) -> dict:
+    """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset. `texts` has
+    seen the tokens before `ids`; `ends`: the last of `ids` ends the sequence."""
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for i, (token_id, entry) in enumerate(zip(ids, entries)):
+        text, top = texts.next(token_id, entry, is_last=ends and i == len(ids) - 1)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        token_logprobs.append(None if entry is None else entry.logprob)
+        tops.append(None if entry is None else {alt_text: lp for _, alt_text, lp in top})
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+@router.get("/v1/models", responses={401: OPENAI_ERROR_RESPONSES[401], 503: OPENAI_ERROR_RESPONSES[503]})
+async def list_models(http: Request):
+    """The hosted models; 503 while they load (no partial list: a client that waits for this route waits
+    until every model can serve)."""
+    host = loaded_host(http)
+    # root: what the model was loaded from (vLLM's field); chat: Quill's, whether /v1/chat/completions serves it.
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": m.created, "owned_by": "quill", "root": m.loaded.model_id,
+         "parent": None, "max_model_len": m.max_model_len, "architecture": m.loaded.architecture,
+         "chat": m.chat_template is not None}
+        for name, m in host.models.items()
+    ]}
+
+
+@router.post("/v1/completions", responses={**OPENAI_ERROR_RESPONSES, **JSON_OR_SSE_RESPONSE})
+async def create_completion(request: CompletionRequest, http: Request):
+    app = http.app.state
+    hosted = resolve_model(http, request.model)
+    params, prompts = _validate(request, app.config, hosted)
+    await check_constraint(hosted, params.structured, request.structured_output()[1])
+    completion_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    streams, trackers = [], []
+    try:
+        for i, (ids, text) in enumerate(prompts):
+            rid = f"{completion_id}-{i}"
+            trackers.append(RequestTracker(app.metrics, hosted.name, rid, len(ids), text if app.config.log_prompts else None))
+            streams.append(submit(hosted, ids, params, rid))
+    except APIError:
+        for s in streams:
+            s.close()
+        raise
+    if request.stream:
+        body = _stream(request, hosted, params, prompts, streams, trackers, completion_id, created)
+        return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    return await until_disconnected(
+        http, _complete(request, hosted, params, prompts, streams, trackers, completion_id, created)
+    )
+
+
+async def _complete(request, hosted, params, prompts, streams, trackers, completion_id, created):
+    tokenizer = hosted.tokenizer
+    choices, usage_prompt, usage_completion = [], 0, 0
+    try:
+        for p, ((ids, text), stream, tracker) in enumerate(zip(prompts, streams, trackers)):
+            try:
+                out = await final_output(stream, tracker.observe)
+            except APIError as e:
+                tracker.done(e.status)
+                raise
+            tracker.done(200)
+            usage_prompt += len(ids)
+            outs = sorted(out.outputs, key=lambda c: c.index)
+            usage_completion += sum(len(c.token_ids) for c in outs)
+            if not params.use_beam_search and len(outs) > request.n:  # best_of: keep the n most likely
+                outs = sorted(outs, key=lambda c: c.score if c.score is not None else c.cumulative_logprob,
+                              reverse=True)[: request.n]
+            for i, c in enumerate(outs):
+                choice_text = (text if request.echo else "") + c.text
+                logprobs = None
+                if request.logprobs is not None:
+                    entries = c.logprobs or []
+                    token_ids, context = c.token_ids[: len(entries)], ids
+                    if request.echo:
+                        entries, token_ids = (out.prompt_logprobs or [None] * len(ids)) + entries, ids + token_ids
+                        context = ()
+                    logprobs = _logprobs_block(TokenTexts(tokenizer, context), entries, token_ids, 0, ends=True)
+                choices.append({"index": p * request.n + i, "text": choice_text, "logprobs": logprobs,
+                                "finish_reason": c.finish_reason})
+    finally:
+        for s in streams:
+            s.close()
+    return {
+        "id": completion_id, "object": "text_completion", "created": created, "model": hosted.name,
+        "choices": choices,
+        "usage": {"prompt_tokens": usage_prompt, "completion_tokens": usage_completion,
+                  "total_tokens": usage_prompt + usage_completion},
+    }
+
+
+def _error_event(message: str) -> bytes:
+    return sse_event({"error": {"message": message, "type": "internal_error", "param": None, "code": None}})
+
+
+async def _stream(request, hosted, params, prompts, streams, trackers, completion_id, created):
+    tokenizer = hosted.tokenizer
+
+    def chunk(index, text, finish, logprobs=None):
+        return sse_event({"id": completion_id, "object": "text_completion", "created": created, "model": hosted.name,
+                          "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
+
+    def chunks(p, ids, text, out, echoed, offsets, texts):
+        for c in out.outputs:
+            index = p * request.n + c.index
+            prefix = ""
+            if request.echo and index not in echoed:
+                echoed.add(index)
+                prefix = text
+            logprobs = None
+            if request.logprobs is not None and c.token_ids:
+                sequence = texts.setdefault(index, TokenTexts(tokenizer, ids))
+                logprobs = _logprobs_block(sequence, c.logprobs or [], c.token_ids, offsets.get(index, 0),
+                                           ends=c.finish_reason is not None)
+                offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs["tokens"])
+            if prefix or c.text or c.finish_reason or logprobs:
+                yield chunk(index, prefix + c.text, c.finish_reason, logprobs)
+
+    usage_prompt = usage_completion = 0
+    try:
+        for p, ((ids, text), stream, tracker) in enumerate(zip(prompts, streams, trackers)):
+            echoed: set[int] = set()
+            offsets: dict[int, int] = {}
+            texts: dict[int, TokenTexts] = {}  # per choice: its tokens' texts so far
+            status = 499  # until the stream ends normally: a client that leaves is logged as such
+            try:
+                async for out in checked(tracker.follow(stream)):
+                    for event in chunks(p, ids, text, out, echoed, offsets, texts):
+                        yield event
+                status = 200
+            except APIError as e:
+                status = e.status
+                yield _error_event(e.message)
+            finally:
+                tracker.done(status)
+            if status != 200:
+                return
+            usage_prompt += len(ids)
+            usage_completion += tracker.num_generated
+        if request.stream_options and request.stream_options.include_usage:
+            yield sse_event({"id": completion_id, "object": "text_completion", "created": created,
+                             "model": hosted.name, "choices": [],
+                             "usage": {"prompt_tokens": usage_prompt, "completion_tokens": usage_completion,
+                                       "total_tokens": usage_prompt + usage_completion}})
+        yield sse_event("[DONE]")
+    finally:
+        for s in streams:
+            s.close()

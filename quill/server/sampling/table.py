@@ -1,0 +1,180 @@
+"""Every running request's sampling settings, kept on the device between steps.
+
+One row per request slot in a persistent (num_slots, 7) float64 tensor, written once when a
+request starts running (one host-to-device copy for all requests admitted in a step). A step
+gathers its rows by slot, so building the sampler's per-row tensors costs a handful of device
+ops whatever the batch size, instead of one Python pass and one copy per setting per step.
+Only what is rare and changes every step (penalty counts, min_tokens bans, logit bias) is built
+from the token lists, and only for steps where some row uses it. `build_batch` makes one batch
+outside an engine, through a table of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from quill.models.host_copy import to_device
+
+from .batch import SamplingBatch
+from .params import SamplingParams
+from .processors import token_counts
+
+COLUMNS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def settings_row(p: SamplingParams) -> list[float]:
+    """A request's row; greedy rows turn every filter off (they take the argmax of the penalized logits)."""
+    greedy = p.is_greedy
+    return [
+        0.0 if greedy else p.temperature,
+        0.0 if greedy or p.top_k < 0 else float(p.top_k),
+        1.0 if greedy else p.top_p,
+        0.0 if greedy else p.min_p,
+        p.repetition_penalty, p.presence_penalty, p.frequency_penalty,
+    ]
+
+
+class SamplingTable:
+    def __init__(self, num_slots: int, vocab_size: int, device: torch.device | str):
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.settings = torch.zeros(num_slots, len(COLUMNS), dtype=torch.float64, device=self.device)
+
+    def write(self, slots: list[int], params: list[SamplingParams]) -> None:
+        """Requests starting to run: slot i takes params[i]'s settings."""
+        if not slots:
+            return
+        rows = to_device([settings_row(p) for p in params], self.device, torch.float64)
+        self.settings.index_copy_(0, to_device(slots, self.device, torch.long), rows)
+
+    def gather(
+        self,
+        slots: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+        prompt_ids: Sequence[list[int]] | None = None,
+        output_ids: Sequence[list[int]] | None = None,
+        eos_token_ids: Sequence[int] = (),
+        allowed: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> SamplingBatch:
+        """The sampler's batch for rows whose requests sit in `slots` (B,) on the device.
+
+        params[i] and generators[i] belong to row i (flags and seeded rows are decided on the host);
+        prompt_ids / output_ids are needed only when some row has penalties or an active min_tokens.
+        """
+        columns = self.settings.index_select(0, slots).unbind(1)
+        by_name = dict(zip(COLUMNS, columns))
+        greedy = [p.is_greedy for p in params]
+        sampled = [p for p, g in zip(params, greedy) if not g]
+        top_ks = [p.top_k for p in sampled if 0 < p.top_k < self.vocab_size]
+        needs_repetition = any(p.repetition_penalty != 1.0 for p in params)
+        needs_counts = any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params)
+        output_counts = seen_tokens = banned = None
+        if needs_repetition or needs_counts:
+            output_counts = token_counts(list(output_ids), self.vocab_size, self.device)
+            if needs_repetition:
+                seen_tokens = (token_counts(list(prompt_ids), self.vocab_size, self.device) + output_counts) > 0
+        if any(p.min_tokens for p in params):
+            banned = flat_banned_tokens(params, output_ids, eos_token_ids, self.vocab_size, self.device)
+        temperature = by_name["temperature"].float()
+        return SamplingBatch(
+            temperature=temperature,
+            is_greedy=temperature == 0,
+            top_k=by_name["top_k"].long(),
+            top_p=by_name["top_p"],
+            min_p=by_name["min_p"].float(),
+            repetition_penalty=by_name["repetition_penalty"].float(),
+            presence_penalty=by_name["presence_penalty"].float(),
+            frequency_penalty=by_name["frequency_penalty"].float(),
+            seen_tokens=seen_tokens,
+            output_counts=output_counts if needs_counts else None,
+            bias=flat_logit_bias(params, self.vocab_size, self.device) if any(p.logit_bias for p in params) else None,
+            banned=banned,
+            allowed=allowed,
+            seeded_rows=[(row, gen) for row, (gen, g) in enumerate(zip(generators, greedy)) if gen is not None and not g],
+            max_top_k=max(top_ks, default=0),
+            uses_top_p=any(p.top_p < 1.0 for p in sampled),
+            uses_min_p=any(p.min_p > 0.0 for p in sampled),
+            all_greedy=len(sampled) == 0,
+            any_greedy=len(sampled) < len(params),
+            num_top_logprobs=max((p.logprobs or 0 for p in params), default=0),
+            needs_logprobs=any(p.scores_samples for p in params),
+        )
+
+
+def build_batch(
+    params: Sequence[SamplingParams],
+    prompt_ids: Sequence[list[int]],
+    output_ids: Sequence[list[int]],
+    generators: Sequence[torch.Generator | None],
+    vocab_size: int,
+    device: torch.device | str,
+    eos_token_ids: Sequence[int] = (),
+    allowed: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> SamplingBatch:
+    """A batch on its own, through a table of its own (the engine gathers its batches from one table).
+
+    Row i samples the next token of a sequence with settings params[i], prompt prompt_ids[i]
+    and generated tokens output_ids[i]. generators[i] is used (and advanced) when the row is
+    random and it is not None: the engine makes one per seeded request with `new_generator`
+    and keeps it across steps. eos_token_ids are banned, with stop_token_ids, until min_tokens.
+    allowed: the rows under a grammar and their token masks (see SamplingBatch.allowed).
+    """
+    num_rows = len(params)
+    if not num_rows == len(prompt_ids) == len(output_ids) == len(generators):
+        raise ValueError(
+            f"one entry per row expected: {num_rows} params, {len(prompt_ids)} prompts, "
+            f"{len(output_ids)} outputs, {len(generators)} generators"
+        )
+    table = SamplingTable(max(num_rows, 1), vocab_size, device)
+    table.write(list(range(num_rows)), list(params))
+    slots = torch.arange(num_rows, device=device)
+    batch = table.gather(slots, params, generators, prompt_ids, output_ids, eos_token_ids, allowed)
+    return replace(batch, needs_logprobs=True)  # built on its own, a batch reports every row's log-probability
+
+
+def flat_logit_bias(
+    params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    # Ids past the vocabulary are skipped here; SamplingParams.check_vocab rejects them at admission.
+    entries = [
+        (row, token_id, value)
+        for row, p in enumerate(params)
+        for token_id, value in (p.logit_bias or {}).items()
+        if token_id < vocab_size
+    ]
+    if not entries:
+        return None
+    rows, token_ids, values = zip(*entries)
+    return (
+        to_device(rows, device, torch.long),
+        to_device(token_ids, device, torch.long),
+        to_device(values, device, torch.float32),
+    )
+
+
+def flat_banned_tokens(
+    params: Sequence[SamplingParams],
+    output_ids: Sequence[list[int]],
+    eos_token_ids: Sequence[int],
+    vocab_size: int,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    # A row may not end (EOS or a stop id) until it has min_tokens generated tokens.
+    entries = [
+        (row, token_id)
+        for row, (p, out) in enumerate(zip(params, output_ids))
+        if len(out) < p.min_tokens
+        for token_id in p.all_stop_token_ids(eos_token_ids)
+        if token_id < vocab_size
+    ]
+    if not entries:
+        return None
+    rows, token_ids = zip(*entries)
+    return (
+        to_device(rows, device, torch.long),
+        to_device(token_ids, device, torch.long),
+    )
