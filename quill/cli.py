@@ -46,7 +46,7 @@ def _add_generate_parser(subparsers) -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from quill.models.classic.formats import convert  # the classic formats load only for this command
+    from quill.models.classic.conversion import convert  # the classic formats load only for this command
 
     converted = convert(args.source, args.vocab, args.format)
     out = save_checkpoint(args.out, converted.architecture, converted.model, converted.tokenizer,

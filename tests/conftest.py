@@ -17,13 +17,13 @@ import tempfile
 
 import pytest
 import torch
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from quill.clients.ready import wait_until_ready
 from quill.models.checkpoint import keep_float32_exact, save_checkpoint
 from quill.models.registry import ARCHITECTURES
 from quill.models.tokenizer import Tokenizer
+from tests.tiny_tokenizers import (METASPACE_SPECIALS, TEXT, build_hf_tokenizer,  # noqa: F401 (tests import them here)
+                                   build_metaspace_tokenizer)
 
 # One CPU thread for the tests and the servers they start: their models are tiny, and on a busy machine two threads
 # wait on each other's OpenMP barriers (a tiny LSTM's step went from 0.3 ms to 90 ms with another job on the cores).
@@ -38,13 +38,6 @@ KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if KERNEL_DEVICE.type == "cpu":
     # Read by triton.jit when a kernel module is imported, which happens only once a test runs a kernel.
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-TEXT = [
-    "To be, or not to be, that is the question:",
-    "Whether 'tis nobler in the mind to suffer",
-    "The slings and arrows of outrageous fortune,",
-    "Or to take arms against a sea of troubles",
-]
 
 # Small configs of every architecture and every Transformer flavour.
 TINY_CONFIGS = {
@@ -68,35 +61,9 @@ TINY_CONFIGS = {
 }
 
 
-def build_hf_tokenizer(vocab_size: int = 300) -> HFTokenizer:
-    tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    tok.train_from_iterator(TEXT * 4, trainer)
-    return tok
-
-
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> Tokenizer:
     return Tokenizer(build_hf_tokenizer(), eos_token_id=0)
-
-
-METASPACE_SPECIALS = ["<unk>", "<s>", "</s>", "<sep>"]  # ids 0-3; </s> ends a sequence
-
-
-def build_metaspace_tokenizer(vocab_size: int = 200) -> HFTokenizer:
-    """SentencePiece-style, as Llama and Mistral: words carry a leading "▁", and the decoder drops the
-    space of the first token it sees ("first": only the text's start gets a "▁" prepended)."""
-    tok = HFTokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=METASPACE_SPECIALS, show_progress=False)
-    tok.train_from_iterator(TEXT * 4, trainer)
-    return tok
 
 
 @pytest.fixture(scope="session")

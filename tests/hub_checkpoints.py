@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import TEXT, build_hf_tokenizer
+from tests.tiny_tokenizers import TEXT, build_hf_tokenizer
 
 V = 300  # model vocabulary; every tokenizer here has at most this many tokens
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -12,12 +12,10 @@ tokenizer applies around tokenizer.json (metadata "text_rules": fastai's case ma
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from . import hf
@@ -26,18 +24,17 @@ from .kernels import select_layer_ops
 from .errors import CheckpointError, read_json_object
 from .generation_config import read_generation_config
 from .location import BUNDLED_DIR, ModelLocation, locate
+from .saving import CONFIG_FILE, TOKENIZER_FILE, save_checkpoint
 from .registry import ARCHITECTURES
 from .state import holds_kv
 from .tokenizer import Tokenizer
 from .tokenizer_config import read_tokenizer_config
 from .weights import WEIGHTS_FILE, has_weights, open_weights, read_weights
 
-# BUNDLED_DIR and CheckpointError live in their own modules and are imported from here too.
+# BUNDLED_DIR, CheckpointError and save_checkpoint live in their own modules and are imported from here too.
 __all__ = ["BUNDLED_DIR", "CheckpointError", "GENERATION_CONFIG_MODES", "LoadedModel", "load_checkpoint",
            "resolve_checkpoint_path", "save_checkpoint"]
 
-CONFIG_FILE, TOKENIZER_FILE = "config.json", "tokenizer.json"
-FORMAT_VERSION = 1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GENERATION_CONFIG_MODES = ("auto", "none")  # vLLM's --generation-config: apply the checkpoint's defaults, or not
 
@@ -260,28 +257,3 @@ def load_checkpoint(
         special_tokens=tokenizer_config.special_tokens, chat_templates=tokenizer_config.chat_templates,
         add_bos_token=tokenizer.adds_bos(tokenizer_config.special_tokens.get("bos_token")),
     )
-
-
-def save_checkpoint(
-    directory: str | Path,
-    architecture: str,
-    model: nn.Module,
-    tokenizer: Tokenizer,
-    dtype: torch.dtype = torch.float16,
-    metadata: dict | None = None,
-) -> Path:
-    """Write a checkpoint directory that `load_checkpoint` reads back."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config = {
-        "format_version": FORMAT_VERSION,
-        "architecture": architecture,
-        "config": asdict(model.config),
-        "eos_token_id": tokenizer.eos_token_id,
-        "metadata": metadata or {},
-    }
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    tensors = {n: p.detach().to("cpu", dtype).contiguous() for n, p in model.named_parameters()}
-    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    tokenizer.save(directory / TOKENIZER_FILE)
-    return directory

@@ -18,6 +18,7 @@ import torch
 
 from . import lfm2, mamba
 from .mamba2 import read_config as read_mamba2_config
+from .rope_config import read_rope
 from .transformer import TransformerConfig
 from .xlstm import HF_DEFAULTS as XLSTM_DEFAULTS
 from .xlstm import read_hf_config as _xlstm
@@ -140,17 +141,6 @@ def _activation(name: str, table: dict = ACTIVATIONS) -> str:
     return table[name]
 
 
-def _rope(raw: dict) -> tuple[float, dict | None]:
-    """(theta, rescaling or None) from rope_parameters (transformers 5) or rope_scaling + rope_theta (4.x)."""
-    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    theta = params.pop("rope_theta", None) or raw.get("rope_theta", 10000.0)
-    partial = params.pop("partial_rotary_factor", None) or raw.get("partial_rotary_factor", 1.0)
-    if partial != 1.0:
-        raise ValueError(f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported")
-    kind = params.get("rope_type", params.get("type", "default"))
-    return float(theta), params if kind != "default" else None
-
-
 def _sliding_window(raw: dict) -> int | None:
     """The attention window of the checkpoint's sliding-window layers, or None if it has none."""
     window = raw.get("sliding_window")
@@ -190,7 +180,7 @@ def _gpt2(raw: dict) -> TransformerConfig:
 
 def _llama(raw: dict, **changes) -> TransformerConfig:
     """Llama's config, with `changes` for a relative that departs from it."""
-    theta, scaling = _rope(raw)
+    theta, scaling = read_rope(raw)
     fields = dict(
         vocab_size=raw["vocab_size"], d_model=raw["hidden_size"], n_layers=raw["num_hidden_layers"],
         n_heads=raw["num_attention_heads"], n_kv_heads=raw.get("num_key_value_heads"), head_dim=raw.get("head_dim"),

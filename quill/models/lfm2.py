@@ -32,6 +32,7 @@ from torch import nn
 from .attention import select_attention_backend
 from .batch import StepBatch, run_by_parts, split_decodes
 from .kernels import TORCH_OPS, LayerOps
+from .rope_config import read_rope
 from .state import HybridState, PagedKVCache, SlotState
 from .transformer import MLP, Attention, RMSNorm, TransformerConfig, rope_tables
 
@@ -94,9 +95,7 @@ class Lfm2Config:
 
 def read_config(raw: dict) -> Lfm2Config:
     """An `Lfm2Config` from config.json (defaults filled in), renamings and sizing as transformers' Lfm2Config."""
-    from .hf_families import _rope  # here, not at the top: hf_families imports this module
-
-    theta, scaling = _rope(raw)
+    theta, scaling = read_rope(raw)
     n_layers = raw["num_hidden_layers"]
     layer_types = raw.get("layer_types")
     if layer_types is None:  # older configs list the attention layers; none listed means all are attention

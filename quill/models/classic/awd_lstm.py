@@ -23,7 +23,7 @@ from quill.models.errors import CheckpointError
 from quill.models.lstm import LSTMConfig, LSTMLanguageModel
 
 from .fastai_text import MARKERS, UNK, FastaiTokenizer
-from .formats import (FORMATS, ClassicFormat, Converted, find_model_file, is_tied, load_weights, output_layer,
+from .formats import (ClassicFormat, Converted, find_model_file, is_tied, load_weights, output_layer,
                       require_tensors)
 from .restricted_pickle import load_plain, load_restricted, peek_pickle
 from .word_tokenizer import word_tokenizer
@@ -110,4 +110,4 @@ def convert(path: Path, vocab: Path | None) -> Converted:
     return Converted("lstm", model.eval(), FastaiTokenizer(words), metadata)
 
 
-FORMATS.append(ClassicFormat(NAME, detect, convert, inputs))
+FORMATS = [ClassicFormat(NAME, detect, convert, inputs)]

@@ -17,7 +17,10 @@ from pathlib import Path
 
 import torch
 
-from .formats import ClassicFormat, convert, find_format
+from quill.models.saving import save_checkpoint
+
+from .conversion import convert, find_format
+from .formats import ClassicFormat
 
 CONVERSION_VERSION = 1  # bump when a conversion's output changes, so old cache entries are not reused
 CHUNK = 1 << 20
@@ -53,7 +56,6 @@ def conversion_key(chosen: ClassicFormat, path: Path, vocab: Path | None) -> str
 def converted_checkpoint(path: str | Path, vocab: str | Path | None = None) -> Path | None:
     """The Quill checkpoint directory a classic checkpoint converts to (converted now unless cached), or
     None if `path` is no classic format's."""
-    from quill.models.checkpoint import save_checkpoint  # checkpoint imports location, which imports this lazily
 
     path, vocab = Path(path), None if vocab is None else Path(vocab)
     chosen = find_format(path)

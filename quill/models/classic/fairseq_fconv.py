@@ -22,7 +22,7 @@ from quill.models.errors import CheckpointError
 from quill.models.fconv import FConvConfig, FConvLanguageModel
 
 from .fairseq_dictionary import dictionary_tokenizer, pad_dictionary, read_dictionary
-from .formats import FORMATS, ClassicFormat, Converted, load_weights
+from .formats import ClassicFormat, Converted, load_weights
 from .literal_expression import ExpressionError, literal_expression
 from .restricted_pickle import attributes, load_restricted, peek_pickle
 from .weight_norm import fold_weight_norms
@@ -189,4 +189,4 @@ def convert(path: Path, vocab: Path | None) -> Converted:
 
 
 FORMAT = ClassicFormat("fconv_lm", detect, convert)
-FORMATS.append(FORMAT)
+FORMATS = [FORMAT]

@@ -1,4 +1,5 @@
-"""The classic formats Quill reads, and what each turns into.
+"""What the classic formats share: what a format is, what it turns a checkpoint into, and the helpers their
+converters use. The formats themselves are modules of this package, tried in conversion.py's order.
 
 A format is a `ClassicFormat`: `detect(path)` says whether a file or directory is one of its checkpoints
 (by file names and a cheap look inside, never by unpickling anything but through `restricted_pickle`), and
@@ -36,9 +37,6 @@ class ClassicFormat:
     # The files a conversion reads (model, vocabulary): what a cached conversion is keyed by. None: the path
     # given (a directory: every file under it) and the vocabulary given, if any.
     inputs: Callable[[Path, Path | None], list[Path]] | None = None
-
-
-FORMATS: list[ClassicFormat] = []  # each format module appends its own (see load order at the bottom)
 
 
 def find_model_file(path: Path, names: tuple[str, ...], suffixes: tuple[str, ...]) -> Path | None:
@@ -84,33 +82,3 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path, w
         # torch lists the missing, unexpected and misshapen tensors a line each, under a header
         problems = [line.strip().rstrip(".") for line in str(e).splitlines()[1:]] or [str(e)]
         raise CheckpointError(file, f"the state dict does not fit {what}: {'; '.join(problems)}") from None
-
-
-def find_format(path: Path) -> ClassicFormat | None:
-    return next((f for f in FORMATS if f.detect(path)), None)
-
-
-def convert(path: str | Path, vocab: str | Path | None = None, format_name: str | None = None) -> Converted:
-    """Read a classic checkpoint (its format detected, or named) into a Quill model and tokenizer."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(path, "no such file or directory")
-    if format_name is not None:
-        chosen = next((f for f in FORMATS if f.name == format_name), None)
-        if chosen is None:
-            raise ValueError(f"unknown format {format_name!r} (known: {', '.join(f.name for f in FORMATS)})")
-    else:
-        chosen = find_format(path)
-        if chosen is None:
-            raise CheckpointError(path, "not a checkpoint of a known format "
-                                        f"(Quill, Hugging Face, {', '.join(f.name for f in FORMATS)})")
-    with torch.device("cpu"):
-        converted = chosen.convert(path, None if vocab is None else Path(vocab))
-    converted.metadata.setdefault("source_format", chosen.name)
-    return converted
-
-
-# The formats, in the order they are tried (each module appends its own on import).
-from . import word_language_model  # noqa: E402,F401
-from . import awd_lstm  # noqa: E402,F401
-from . import fairseq_fconv  # noqa: E402,F401

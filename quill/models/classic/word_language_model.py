@@ -31,7 +31,7 @@ from quill.models.lstm import LSTMConfig, LSTMLanguageModel
 from quill.models.transformer import TransformerConfig, TransformerLanguageModel, sinusoidal_positions
 
 from .corpus_vocabulary import LINE_END, SPLITS, read_vocabulary, vocabulary_source
-from .formats import (FORMATS, ClassicFormat, Converted, find_model_file, is_tied, load_weights, output_layer,
+from .formats import (ClassicFormat, Converted, find_model_file, is_tied, load_weights, output_layer,
                       require_tensors)
 from .pickled_module import module_tensors, submodule
 from .restricted_pickle import PickledObject, attributes, load_restricted, peek_pickle
@@ -214,10 +214,11 @@ def convert(path: Path, vocab: Path | None, rnn_type: str | None = None, n_heads
     return Converted(architecture, model.eval(), tokenizer, metadata)
 
 
-FORMATS.append(ClassicFormat(NAME, detect, convert, inputs))
-for _rnn_type in ("RNN_TANH", "RNN_RELU"):  # only by name: a state_dict cannot say which
-    FORMATS.append(ClassicFormat(f"{NAME}_{_rnn_type.lower()}", lambda path: False,
-                                 partial(convert, rnn_type=_rnn_type), inputs))
-for _n_heads in NHEADS:  # a TransformerModel's state_dict: only by name, as its tensors cannot say
-    FORMATS.append(ClassicFormat(f"{NAME}_nhead{_n_heads}", lambda path: False,
-                                 partial(convert, n_heads=_n_heads), inputs))
+FORMATS = [
+    ClassicFormat(NAME, detect, convert, inputs),
+    # only by name: a state_dict cannot say which kind of RNN, or how many heads a TransformerModel has
+    *(ClassicFormat(f"{NAME}_{rnn_type.lower()}", lambda path: False, partial(convert, rnn_type=rnn_type), inputs)
+      for rnn_type in ("RNN_TANH", "RNN_RELU")),
+    *(ClassicFormat(f"{NAME}_nhead{n_heads}", lambda path: False, partial(convert, n_heads=n_heads), inputs)
+      for n_heads in NHEADS),
+]

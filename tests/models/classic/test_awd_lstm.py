@@ -11,7 +11,7 @@ import torch
 
 from quill.models.checkpoint import load_checkpoint
 from quill.models.classic.fastai_text import fastai_text, fastai_tokens
-from quill.models.classic.formats import convert
+from quill.models.classic.conversion import convert
 from quill.models.errors import CheckpointError
 from quill.models.tokenizer import IncrementalDecoder
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore

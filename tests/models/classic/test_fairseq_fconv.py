@@ -14,7 +14,7 @@ import torch
 from quill.models.batch import StepBatch
 from quill.models.checkpoint import load_checkpoint, save_checkpoint
 from quill.models.classic import fairseq_fconv
-from quill.models.classic.formats import convert, find_format
+from quill.models.classic.conversion import convert, find_format
 from quill.models.errors import CheckpointError
 from tests.models.classic.fairseq_fconv_reference import TINY_VOCAB, write_checkpoint
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quill.models.checkpoint import LoadedModel
-from quill.models.classic.formats import convert
+from quill.models.classic.conversion import convert
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams

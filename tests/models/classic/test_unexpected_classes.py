@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 
 from quill.models.checkpoint import load_checkpoint
-from quill.models.classic.formats import convert
+from quill.models.classic.conversion import convert
 from quill.models.errors import CheckpointError
 from tests.models.classic.wlm_checkpoints import build_rnn_model, save_whole, write_corpus
 

@@ -9,7 +9,7 @@ import torch
 
 from quill.models.checkpoint import load_checkpoint
 from quill.models.classic.corpus_vocabulary import corpus_words
-from quill.models.classic.formats import convert
+from quill.models.classic.conversion import convert
 from quill.models.errors import CheckpointError
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig

@@ -7,7 +7,7 @@ import openai
 import pytest
 import torch
 
-from quill.models.classic.formats import convert
+from quill.models.classic.conversion import convert
 from tests.conftest import LiveServer
 from tests.models.classic.awd_checkpoints import AwdLstm, awd_greedy, awd_logits, build_awd, save_awd
 from tests.models.classic.wlm_checkpoints import (build_rnn_model, reference_beam, reference_greedy,
