@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from quill.models.checkpoint import LoadedModel, resolve_device
-from quill.server.engine import memory, runner
+from quill.server.engine import memory
+from quill.server.engine.runner import read_out
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.core_loop import CoreLoop
 from quill.server.engine.scheduler import SchedulerConfig
@@ -68,7 +69,7 @@ def made_current(monkeypatch) -> list[tuple[str, torch.device]]:
 @pytest.fixture
 def host_reads(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _Event)
-    monkeypatch.setattr(runner._Arrival, "wait", _read_back)
+    monkeypatch.setattr(read_out.Arrival, "wait", _read_back)
 
 
 # Requests that between them ask for every kind of device work a step does.

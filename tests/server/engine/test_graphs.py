@@ -67,13 +67,13 @@ def make_engine(loaded, graphs: bool, max_num_seqs: int = 16, prefix: bool = Tru
 
 def record_replays(engine) -> list[tuple[int, int]]:
     """(real sequences, bucket) of every replayed step, from here on."""
-    runner, seen, replay = engine.runner, [], engine.runner._replay
+    graphs, seen, replay = engine.runner.graphs, [], engine.runner.graphs.replay
 
     def recording(packed, size, fill=True):
         seen.append((len(packed.tokens), size))
         return replay(packed, size, fill)
 
-    runner._replay = recording
+    graphs.replay = recording
     return seen
 
 
@@ -111,7 +111,7 @@ def loaded(request, tiny_tokenizer):
 def test_graphs_give_the_eager_answers_for_greedy_seeded_sampling_and_beams(loaded):
     expected = run_arrivals(make_engine(loaded, graphs=False), ARRIVALS)
     engine = make_engine(loaded, graphs=True)
-    assert engine.runner.graph_sizes == [1, 2, 4, 8, 16]
+    assert engine.runner.graphs.sizes == [1, 2, 4, 8, 16]
     replays = record_replays(engine)
     assert_same_answers(run_arrivals(engine, ARRIVALS), expected)
     buckets = {size for _, size in replays}
@@ -185,7 +185,7 @@ def test_a_step_that_cannot_be_captured_leaves_the_engine_eager(tiny_tokenizer, 
                          torch.float32)
     with caplog.at_level(logging.WARNING, logger="quill.engine"):
         engine = make_engine(loaded, graphs=True)
-    assert engine.runner.graph_sizes == [] and not engine.runner.graphs
+    assert engine.runner.graphs.sizes == [] and not engine.runner.graphs
     assert "run eagerly" in caplog.text
     engine.add_request("a", [1, 2], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
     results = run_arrivals(engine, [])
@@ -197,11 +197,11 @@ def test_no_graphs_on_the_cpu_by_default_nor_with_enforce_eager(tiny_tokenizer):
     config = EngineConfig(SchedulerConfig(max_num_seqs=4))
     if TEST_DEVICE.type == "cpu":
         default = EngineCore(loaded, config)
-        assert default.runner.graph_sizes == [] and default.graph_bytes == 0
+        assert default.runner.graphs.sizes == [] and default.graph_bytes == 0
         assert default.state.num_slots == default.cache.num_seq_slots * 3  # no scratch slot either
     config.enforce_eager = True
     forced = EngineCore(loaded, config, graph_capture=EmulatedGraphs())
-    assert forced.runner.graph_sizes == []
+    assert forced.runner.graphs.sizes == []
 
 
 def test_capture_is_logged_with_its_sizes_time_and_memory(tiny_tokenizer, caplog):
@@ -224,7 +224,7 @@ def test_a_capture_failing_at_one_batch_size_drops_every_graph_and_names_that_si
                           CacheConfig(block_size=BLOCK_SIZE, num_blocks=256), async_scheduling=False)
     with caplog.at_level(logging.WARNING, logger="quill.engine"):
         engine = EngineCore(loaded, config, max_model_len=64, graph_capture=capture)
-    assert capture.released and not engine.runner.graphs and engine.runner.graph_sizes == []
+    assert capture.released and not engine.runner.graphs and engine.runner.graphs.sizes == []
     assert engine.graph_bytes == 0
     assert "a batch of 8 sequences as a CUDA graph failed (operation not permitted" in caplog.text  # 16, then 8
     engine.add_request("a", [1, 2], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
