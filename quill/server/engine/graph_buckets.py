@@ -29,10 +29,3 @@ def choose_bucket(query_lens: list[int], sizes: list[int]) -> int | None:
         return None
     i = bisect_left(sizes, len(query_lens))
     return sizes[i] if i < len(sizes) else None
-
-
-def pad_rows(values: list[int], size: int, fill: int) -> list[int]:
-    """`values` followed by `fill` up to `size` entries: the padding rows of a bucket."""
-    if len(values) > size:
-        raise ValueError(f"{len(values)} rows do not fit a bucket of {size}")
-    return values + [fill] * (size - len(values))

@@ -12,7 +12,7 @@ outside an engine, through a table of its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -62,14 +62,12 @@ class SamplingTable:
     ) -> SamplingBatch:
         """The sampler's batch for rows whose requests sit in `slots` (B,) on the device.
 
-        params[i] and generators[i] belong to row i (flags and seeded rows are decided on the host);
-        prompt_ids / output_ids are needed only when some row has penalties or an active min_tokens.
+        params[i] and generators[i] belong to row i (flags and seeded rows are decided on the host); prompt_ids /
+        output_ids are needed only when some row has penalties or an active min_tokens.
         """
         columns = self.settings.index_select(0, slots).unbind(1)
         by_name = dict(zip(COLUMNS, columns))
-        greedy = [p.is_greedy for p in params]
-        sampled = [p for p, g in zip(params, greedy) if not g]
-        top_ks = [p.top_k for p in sampled if 0 < p.top_k < self.vocab_size]
+        flags = RowFlags.of(params, self.vocab_size)
         needs_repetition = any(p.repetition_penalty != 1.0 for p in params)
         needs_counts = any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params)
         output_counts = seen_tokens = banned = None
@@ -94,14 +92,74 @@ class SamplingTable:
             bias=flat_logit_bias(params, self.vocab_size, self.device) if any(p.logit_bias for p in params) else None,
             banned=banned,
             allowed=allowed,
-            seeded_rows=[(row, gen) for row, (gen, g) in enumerate(zip(generators, greedy)) if gen is not None and not g],
-            max_top_k=max(top_ks, default=0),
+            # a greedy row's generator is never drawn from (its argmax wins): only random rows are seeded
+            seeded_rows=[(row, gen) for row, (gen, p) in enumerate(zip(generators, params))
+                         if gen is not None and not p.is_greedy],
+            max_top_k=flags.max_top_k,
+            uses_top_p=flags.uses_top_p,
+            uses_min_p=flags.uses_min_p,
+            all_greedy=flags.all_greedy,
+            any_greedy=flags.any_greedy,
+            num_top_logprobs=flags.num_top_logprobs,
+            needs_logprobs=flags.needs_logprobs,
+        )
+
+
+    def gather_plain(self, slots: torch.Tensor, flags: RowFlags,
+                     seeded_rows: list[tuple[int, torch.Generator]]) -> SamplingBatch:
+        """`gather` for rows known to need no token lists, logit bias or grammar (no penalties, min_tokens, bias
+        or mask): the settings gathered on the device, `flags` and `seeded_rows` decided by the caller."""
+        columns = self.settings.index_select(0, slots).unbind(1)
+        by_name = dict(zip(COLUMNS, columns))
+        temperature = by_name["temperature"].float()
+        return SamplingBatch(
+            temperature=temperature, is_greedy=temperature == 0, top_k=by_name["top_k"].long(),
+            top_p=by_name["top_p"], min_p=by_name["min_p"].float(),
+            repetition_penalty=by_name["repetition_penalty"].float(),
+            presence_penalty=by_name["presence_penalty"].float(),
+            frequency_penalty=by_name["frequency_penalty"].float(),
+            seen_tokens=None, output_counts=None, bias=None, banned=None, allowed=None, seeded_rows=seeded_rows,
+            max_top_k=flags.max_top_k, uses_top_p=flags.uses_top_p, uses_min_p=flags.uses_min_p,
+            all_greedy=flags.all_greedy, any_greedy=flags.any_greedy, num_top_logprobs=flags.num_top_logprobs,
+            needs_logprobs=flags.needs_logprobs,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RowFlags:
+    """What the host decides about a batch's rows from their settings alone: which filters and outputs the sampler
+    needs at all (each off unless some row uses it). Flags of more rows than a batch has (rows that left since)
+    still serve it: a filter on for a row whose own setting turns it off changes nothing."""
+
+    max_top_k: int  # largest active top_k; 0 = no row uses top-k
+    uses_top_p: bool
+    uses_min_p: bool
+    all_greedy: bool
+    any_greedy: bool
+    num_top_logprobs: int  # largest `logprobs` asked for; 0 = none
+    needs_logprobs: bool  # some row scores its samples
+
+    @staticmethod
+    def of(params: Sequence[SamplingParams], vocab_size: int) -> "RowFlags":
+        sampled = [p for p in params if not p.is_greedy]
+        return RowFlags(
+            max_top_k=max((p.top_k for p in sampled if 0 < p.top_k < vocab_size), default=0),
             uses_top_p=any(p.top_p < 1.0 for p in sampled),
             uses_min_p=any(p.min_p > 0.0 for p in sampled),
-            all_greedy=len(sampled) == 0,
+            all_greedy=not sampled,
             any_greedy=len(sampled) < len(params),
             num_top_logprobs=max((p.logprobs or 0 for p in params), default=0),
             needs_logprobs=any(p.scores_samples for p in params),
+        )
+
+    def join(self, other: "RowFlags") -> "RowFlags":
+        """The flags of both sets of rows together."""
+        return RowFlags(
+            max_top_k=max(self.max_top_k, other.max_top_k), uses_top_p=self.uses_top_p or other.uses_top_p,
+            uses_min_p=self.uses_min_p or other.uses_min_p, all_greedy=self.all_greedy and other.all_greedy,
+            any_greedy=self.any_greedy or other.any_greedy,
+            num_top_logprobs=max(self.num_top_logprobs, other.num_top_logprobs),
+            needs_logprobs=self.needs_logprobs or other.needs_logprobs,
         )
 
 

@@ -197,8 +197,8 @@ def test_greedy_requests_score_only_their_argmax(adaptive_pair, monkeypatch, ove
         assert results[f"g{i}"][0]["token_ids"] == reference_greedy(reference, prompt, 10)
     assert sum(calls["greedy"]) >= 10 * len(PROMPTS)
     assert not any(calls["log_probs"])  # at most steps that score no row (prompt chunks that do not complete)
-    # Overlapped decode steps of the same sequences take over the step before's inputs, its argmax marks too.
-    assert (e.runner.num_reused_steps > 0) == overlap
+    # Decode steps of the same sequences take over the step before's inputs, its argmax marks too.
+    assert e.runner.num_reused_steps > 0
 
 
 @pytest.mark.parametrize("requests", [MIXED[:1] * 4, MIXED], ids=["greedy", "mixed"])

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from quill.server.engine.graph_buckets import choose_bucket, graph_batch_sizes, pad_rows
+from quill.server.engine.cache_table import CacheTable
+from quill.server.engine.graph_buckets import choose_bucket, graph_batch_sizes
+from quill.server.engine.runner.inputs import InputBuffers, Packed
 
 
 def test_sizes_are_powers_of_two_to_eight_then_steps_of_sixteen():
@@ -35,8 +38,12 @@ def test_steps_with_a_longer_query_or_more_sequences_run_eagerly():
 
 
 def test_padding_fills_a_bucket_after_the_real_rows():
-    assert pad_rows([7, 8, 9], 4, 0) == [7, 8, 9, 0]
-    assert pad_rows([3], 1, 99) == [3]
-    assert pad_rows([], 2, 5) == [5, 5]
+    table = CacheTable(4, 1, "cpu")
+    buffers = InputBuffers(8, 4, table, None, torch.device("cpu"))
+    buffers.token_ids.fill_(-1)
+    buffers.fill_bucket(Packed(tokens=[7, 8, 9], positions=[4, 5, 6], table_rows=torch.tensor([2, 0, 1])), 4)
+    assert buffers.token_ids[:5].tolist() == [7, 8, 9, 0, -1]  # the bucket's rows only
+    assert buffers.positions[:4].tolist() == [4, 5, 6, 0]
+    assert buffers.table_rows[:4].tolist() == [2, 0, 1, table.padding_row]  # padding rows read the padding row
     with pytest.raises(ValueError, match="do not fit"):
-        pad_rows([1, 2, 3], 2, 0)
+        buffers.fill_bucket(Packed(tokens=[1, 2, 3], positions=[0, 0, 0], table_rows=[0, 1, 2]), 2)

@@ -15,11 +15,13 @@ a single device-to-host copy.
 `launch` stops before the host waits for that copy: it returns a `PendingStep` whose `result()` waits.
 With overlapped scheduling the engine launches the next decode step in between, its input tokens
 taken on the device from this step's sampled ids (`inputs_from`), so the GPU never waits for the host.
-When that step decodes the very sequences of the one before, in order (the steady state), it reuses the
-host's inputs of that step: the buffers on the device already hold them but the positions, moved one on
-there, so no per-sequence pass packs, uploads or gathers sampling settings (`_repeat_of`).
+The rows of plain one-token decodes persist from step to step (decode_rows.py): a step keeps those of the
+step before that decode again, their input tokens that step's samples on the device, drops those that
+left and packs only what comes behind them; when it decodes exactly the same rows (the steady state) their
+inputs stay on the device as they are, the positions moved one on.
 
-model_runner.py   the step: what it reuses, what it packs, eager or replayed
+model_runner.py   the step: what it keeps, what it packs, eager or replayed
+decode_rows.py    the persistent batch: the plain decode rows kept from the step before, updated by deltas
 inputs.py         the packed host lists, which logits rows serve what, the persistent device buffers
 sampling_plan.py  who samples from which row, with which settings gathered on the device
 graphs.py         the decode steps captured and replayed as CUDA graphs

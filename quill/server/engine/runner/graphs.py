@@ -58,7 +58,6 @@ class DecodeGraphs:
         if fill:
             self.buffers.fill_bucket(packed, size)
         logits = self.graphs[size]()  # (size, V): a row per sequence
-        rows = packed.rows
-        if rows == list(range(len(rows))):
-            return logits[: len(rows)]
-        return logits.index_select(0, to_device(rows, logits.device))
+        if packed.rows_in_order:
+            return logits[: len(packed.rows)]
+        return logits.index_select(0, to_device(packed.rows, logits.device))

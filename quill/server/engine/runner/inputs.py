@@ -10,7 +10,6 @@ import torch
 from quill.models.batch import StepBatch
 
 from ..cache_table import CacheTable
-from ..graph_buckets import pad_rows
 from ..sequence import Sequence, SequenceGroup
 from ..state_kinds import StateLayout
 
@@ -19,13 +18,15 @@ from ..state_kinds import StateLayout
 class Packed:
     """A step's new tokens, packed back to back, as host lists."""
 
-    tokens: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    rows: list[int] = field(default_factory=list)  # packed token index of each logits row
-    table_rows: list[int] = field(default_factory=list)  # per sequence: its row of the runner's cache table
+    # Lists, or host tensors where a persistent batch keeps its rows' values (decode_rows.py)
+    tokens: list[int] | torch.Tensor = field(default_factory=list)
+    positions: list[int] | torch.Tensor = field(default_factory=list)
+    rows: list[int] | torch.Tensor = field(default_factory=list)  # packed token index of each logits row
+    table_rows: list[int] | torch.Tensor = field(default_factory=list)  # per sequence: its cache-table row
     query_lens: list[int] = field(default_factory=list)
     longest: int = 0  # tokens of the step's longest sequence, counting its new ones
     token_source: torch.Tensor | None = None  # (rows,) input tokens already on the device (ModelRunner.launch)
+    rows_in_order: bool = False  # `rows` is 0, 1, 2, ...: a logits row per token
 
 
 @dataclass
@@ -81,6 +82,7 @@ def pack(work: list[tuple[Sequence, int]], row_of: dict[int, int]) -> tuple[Pack
         offset += n
     packed.query_lens = [n for _, n in work]
     packed.longest = longest
+    packed.rows_in_order = len(rows) == len(tokens) and rows == list(range(len(rows)))
     return packed, logit_rows
 
 
@@ -96,12 +98,16 @@ class InputBuffers:
         self.logits_indices = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.sample_slots = torch.zeros(max_num_seqs, dtype=torch.long, device=device)
         self.table_rows = torch.zeros(max_num_seqs, dtype=torch.long, device=device)  # the step's rows of `table`
+        self.in_order = torch.arange(max_tokens, device=device)  # logits indices of a step with a row per token
 
     @staticmethod
-    def upload(buffer: torch.Tensor, values: list[int]) -> torch.Tensor:
-        """One host-to-device copy into the front of a persistent buffer; returns that view."""
+    def upload(buffer: torch.Tensor, values: list[int] | torch.Tensor) -> torch.Tensor:
+        """One host-to-device copy into the front of a persistent buffer; returns that view. `values`: a list, or a
+        tensor on the host (no conversion: a list of 256 ints costs ~20 us to make into one)."""
         view = buffer[: len(values)]
-        view.copy_(torch.tensor(values, dtype=buffer.dtype), non_blocking=True)
+        if not isinstance(values, torch.Tensor):
+            values = torch.tensor(values, dtype=buffer.dtype)
+        view.copy_(values, non_blocking=True)
         return view
 
     def splice_tokens(self, packed: Packed) -> None:
@@ -120,7 +126,8 @@ class InputBuffers:
             token_ids=token_ids,
             positions=put(self.positions, packed.positions),
             query_lens=packed.query_lens,
-            logits_indices=put(self.logits_indices, packed.rows),
+            logits_indices=self.in_order[: len(packed.rows)] if packed.rows_in_order
+            else put(self.logits_indices, packed.rows),
             argmax_only=argmax_only,
         )
         rows = put(self.table_rows, packed.table_rows)
@@ -130,10 +137,14 @@ class InputBuffers:
     def fill_bucket(self, packed: Packed, size: int) -> None:
         """Write a step's inputs into a graph bucket's views; rows past the real ones are padding: token 0 at
         position 0 in the table's padding row, whose K,V or state goes to the scratch block or slot."""
-        self.upload(self.token_ids, pad_rows(packed.tokens, size, 0))
+        real = len(packed.tokens)
+        if real > size:
+            raise ValueError(f"{real} rows do not fit a bucket of {size}")
+        for buffer, values, padding in ((self.token_ids, packed.tokens, 0), (self.positions, packed.positions, 0),
+                                        (self.table_rows, packed.table_rows, self.table.padding_row)):
+            self.upload(buffer, values)
+            buffer[real:size].fill_(padding)
         self.splice_tokens(packed)
-        self.upload(self.positions, pad_rows(packed.positions, size, 0))
-        self.upload(self.table_rows, pad_rows(packed.table_rows, size, self.table.padding_row))
 
     def bucket_step(self, size: int) -> StepBatch:
         """The decode step a bucket's graph runs: one token per row over fixed views of the buffers; the rows'

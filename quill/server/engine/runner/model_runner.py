@@ -6,7 +6,7 @@ import torch
 
 from quill.models.checkpoint import LoadedModel
 from quill.models.host_copy import to_device
-from quill.server.sampling.table import SamplingTable
+from quill.server.sampling.table import RowFlags, SamplingTable
 
 from ..cache_table import CacheTable
 from ..cuda_graphs import GraphCapture
@@ -14,9 +14,10 @@ from ..grammar_masks import GrammarMasks
 from ..scheduler import ScheduledBatch
 from ..state_kinds import StateLayout
 from .graphs import DecodeGraphs
-from .inputs import InputBuffers, pack
+from .decode_rows import DecodeRows, delta_inputs, plain_tail
+from .inputs import InputBuffers, LogitRows, Packed, pack
 from .read_out import PendingStep, StepResult, read_out
-from .sampling_plan import DecodeInputs, argmax_only, plan_sampling
+from .sampling_plan import SamplingPlan, argmax_only, plan_plain, plan_sampling
 
 
 class ModelRunner:
@@ -38,7 +39,9 @@ class ModelRunner:
         self.buffers = InputBuffers(max_num_batched_tokens, max_num_seqs, self.table, layout, device)
         # Decode steps replayed as graphs (`capture_graphs`); none until captured, so every step runs eagerly.
         self.graphs = DecodeGraphs(self.model, self.state, self.buffers)
-        self.num_reused_steps = 0  # decode steps launched on the step before's inputs (`_repeat_of`)
+        self.rows: DecodeRows | None = None  # the persistent batch: the last step's plain decode rows
+        self.num_reused_steps = 0  # steps launched on the step before's inputs as they were (decode_rows.py)
+        self.num_delta_steps = 0  # steps that kept some of the persistent batch's rows and packed the rest
 
     def run(self, batch: ScheduledBatch) -> StepResult:
         return self.launch(batch).result()
@@ -47,50 +50,70 @@ class ModelRunner:
     def launch(self, batch: ScheduledBatch, inputs_from: PendingStep | None = None) -> PendingStep:
         """Queue the step's device work and its copy back. `inputs_from`: a step still in flight whose sampled
         ids are the input tokens of this one's sequences (each a one-token decode; its token is not on the host)."""
+        rows, self.rows = self.rows, None  # the persistent batch, dropped if this step fails
         self.table.apply(batch.table_edits)  # first: its host bookkeeping stays right if a device op fails
         self.layout.apply(batch.cache_ops)
         if batch.admitted:
             self.sampling.write([g.slot for g in batch.admitted], [g.params for g in batch.admitted])
         buffers = self.buffers
-        repeat = self._repeat_of(batch, inputs_from)
-        if repeat is not None:  # the inputs on the device are the last step's, one position on
-            packed, logit_rows, plan = repeat.packed, repeat.logit_rows, repeat.plan
-            packed.token_source = inputs_from.sampled_ids
+        kept, index, tail = self._keep(batch, rows, inputs_from)
+        masks, longest = None, None
+        if kept is not None and index is None and not tail and rows.whole is not None:
+            # the steady state: the inputs on the device are the last step's, one position on
+            packed, logit_rows, plan = rows.whole.packed, rows.whole.logit_rows, rows.whole.plan
+            packed.token_source = rows.sampled_ids
             packed.longest += 1
             buffers.splice_tokens(packed)
             buffers.positions[: len(packed.positions)].add_(1)
-            masks = None
             self.num_reused_steps += 1
+            pending = self._run(batch, packed, logit_rows, plan, masks, in_place=True)
+            self.rows = rows.moved(pending.sampled_ids)
+            return pending
+        if kept is not None:  # the persistent batch's rows that stay, then the tail packed behind them
+            packed, logit_rows, slots, generators, longest = delta_inputs(rows, index, kept, tail, self.table.row_of)
+            tail_params = [seq.group.params for seq, _ in logit_rows.sampled[len(kept):]]
+            flags = rows.flags.join(RowFlags.of(tail_params, self.vocab_size)) if tail_params else rows.flags
+            plain = rows.plain and not any(p.scores_samples for p in tail_params)
+            plan = plan_plain([seq for seq, _ in logit_rows.sampled], slots, generators, flags, plain,
+                              self.sampling, buffers)
+            self.num_delta_steps += 1
         else:
             packed, logit_rows = pack(batch.work, self.table.row_of)
             masks = self.grammar_masks.start(logit_rows.next_token_seqs())  # filled while the model runs
             plan = plan_sampling(logit_rows, masks, self.sampling, buffers, self.loaded.eos_token_ids)
             if inputs_from is not None:
                 packed.token_source = self._token_source(batch, inputs_from)
+        pending = self._run(batch, packed, logit_rows, plan, masks)
+        self.rows = DecodeRows.of(packed, logit_rows, plan, pending.sampled_ids, len(kept or ()), longest)
+        return pending
+
+    def _keep(self, batch: ScheduledBatch, rows: DecodeRows | None,
+              inputs_from: PendingStep | None) -> tuple[list | None, torch.Tensor | None, list]:
+        """(the sequences of the persistent batch's rows this step keeps, their row indices (None: every row), the
+        work behind them), or None for the first when the step is packed whole: nothing to keep, or a tail that
+        needs more than plain sampling rows or whose tokens are still on the device."""
+        if rows is None:
+            return None, None, batch.work
+        freed = {edit.seq_id for edit in batch.table_edits if edit.is_free}
+        index, kept, matched = rows.keep(batch.work, freed)
+        tail = batch.work[matched:]
+        if not kept or (tail and (inputs_from is not None or not plain_tail(tail))):
+            return None, None, batch.work
+        return kept, index, tail
+
+    def _run(self, batch: ScheduledBatch, packed: Packed, logit_rows: LogitRows, plan: SamplingPlan | None,
+             masks, in_place: bool = False) -> PendingStep:
+        """The forward pass, eager or replayed, then the read-out. `in_place`: the buffers hold the inputs already
+        (and the argmax-only marks stand: a persistent row's settings never change)."""
         size = self.graphs.bucket_for(packed.query_lens)
         if size is None:
-            if repeat is None and self.cheap_argmax:  # a repeat's marks stand: its rows' settings never change
+            if not in_place and self.cheap_argmax:
                 logit_rows.argmax_only = argmax_only(logit_rows, len(packed.rows), self.device)
-            step = buffers.step_batch(packed, logit_rows.argmax_only, upload=repeat is None)
+            step = self.buffers.step_batch(packed, logit_rows.argmax_only, upload=not in_place)
             logits = self.model.step(step, self.state)  # (logit rows, V)
         else:
-            logits = self.graphs.replay(packed, size, fill=repeat is None)
-        if repeat is None:
-            repeat = DecodeInputs.of(packed, logit_rows, plan)
-        return read_out(batch, logits, logit_rows, masks, plan, repeat)
-
-    def _repeat_of(self, batch: ScheduledBatch, previous: PendingStep | None) -> DecodeInputs | None:
-        """The host inputs of `previous` when `batch` decodes exactly its sequences again, in the same order: then
-        only the input tokens (the sampled ids, already on the device) and the positions (one on) change, and the
-        step skips packing, uploading and gathering its sampling settings, a pass over every sequence each."""
-        if previous is None or previous.reusable is None:
-            return None
-        before = previous.batch.work
-        if len(batch.work) != len(before) or batch.admitted or not all(
-            a is b for (a, _), (b, _) in zip(batch.work, before)
-        ):
-            return None
-        return previous.reusable
+            logits = self.graphs.replay(packed, size, fill=not in_place)
+        return read_out(batch, logits, logit_rows, masks, plan)
 
     def _token_source(self, batch: ScheduledBatch, previous: PendingStep) -> torch.Tensor:
         """(rows,) the input token of each of `batch`'s sequences, picked from the previous step's sampled ids."""

@@ -16,7 +16,7 @@ from ..outputs import TokenLogprob
 from ..scheduler import ScheduledBatch
 from ..sequence import Sequence, SequenceGroup
 from .inputs import LogitRows
-from .sampling_plan import DecodeInputs, SamplingPlan
+from .sampling_plan import SamplingPlan
 
 
 @dataclass(slots=True)
@@ -97,14 +97,13 @@ class PendingStep:
     sampled_ids: torch.Tensor | None  # (rows,) int64, the tokens chosen for its sequences
     arrival: Arrival
     build: Callable[[list[list[float]]], StepResult]
-    reusable: DecodeInputs | None = None  # what the next decode step of the same sequences takes over
 
     def result(self) -> StepResult:
         return self.build(self.arrival.wait())
 
 
 def read_out(batch: ScheduledBatch, logits: torch.Tensor, logit_rows: LogitRows, masks: PendingMasks | None,
-             plan: SamplingPlan | None, reusable: DecodeInputs | None) -> PendingStep:
+             plan: SamplingPlan | None) -> PendingStep:
     """Queue the step's samples, beam candidates and prompt scores for the host, and start their one copy back."""
     transfer = Transfer()
     sampled = _sample(logits, plan, transfer)
@@ -112,8 +111,7 @@ def read_out(batch: ScheduledBatch, logits: torch.Tensor, logit_rows: LogitRows,
     scored = _score_prompts(logits, logit_rows, transfer)
     arrival = transfer.start()  # the step's one device-to-host copy
     ids = transfer.parts[0] if logit_rows.sampled else None  # `_sample` queues its token ids first
-    return PendingStep(batch, plan, ids, arrival,
-                       lambda host: StepResult(sampled(host), beams(host), scored(host)), reusable)
+    return PendingStep(batch, plan, ids, arrival, lambda host: StepResult(sampled(host), beams(host), scored(host)))
 
 
 def _sample(logits: torch.Tensor, plan: SamplingPlan | None, transfer: Transfer):

@@ -1,6 +1,6 @@
 """The host's half of sampling: which logits rows sample for which sequences, and their settings gathered on the
-device (`plan_sampling`); which rows need only their argmax (`argmax_only`); and the inputs a decode step leaves
-for the next step of the same sequences (`DecodeInputs`)."""
+device (`plan_sampling`, or `plan_plain` for a persistent batch's rows); which rows need only their argmax
+(`argmax_only`)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import torch
 
 from quill.models.host_copy import to_device
 from quill.server.sampling import SamplingBatch
-from quill.server.sampling.table import SamplingTable
+from quill.server.sampling.table import RowFlags, SamplingTable
 
 from ..grammar_masks import PendingMasks
 from ..sequence import Sequence
-from .inputs import InputBuffers, LogitRows, Packed
+from .inputs import InputBuffers, LogitRows
 
 
 @dataclass(slots=True)
@@ -25,26 +25,10 @@ class SamplingPlan:
     picked: torch.Tensor | None  # (num_rows,) the logits row of each sampler row; None: rows 0, 1, ... in order
     batch: SamplingBatch  # the sampler's settings, gathered on the device
     owners: list[tuple[Sequence, int]]  # each sampling sequence (`LogitRows.sampled`'s order), its sampler rows
-    reusable: bool  # nothing in it depends on this step's tokens
     plain: bool  # one token per sequence, and none asks for log-probabilities or scores its samples
-
-
-@dataclass(slots=True)
-class DecodeInputs:
-    """A decode step's host inputs, which the next step of the same sequences reuses (ModelRunner._repeat_of)."""
-
-    packed: Packed
-    logit_rows: LogitRows
-    plan: SamplingPlan
-
-    @staticmethod
-    def of(packed: Packed, logit_rows: LogitRows, plan: SamplingPlan | None) -> "DecodeInputs | None":
-        """A step's inputs when they serve the next step of the same sequences: every sequence decodes one token
-        and samples it with settings that do not change from step to step; else None."""
-        if (plan is not None and plan.reusable and plan.num_rows == len(plan.owners) and not logit_rows.beam_rows
-                and not logit_rows.scored and len(packed.tokens) == len(packed.query_lens)):
-            return DecodeInputs(packed, logit_rows, plan)
-        return None
+    slots: list[int] | torch.Tensor  # each sampler row's sampling slot (a host tensor for a persistent batch)
+    generators: list  # each sampler row's generator (a seeded request's), or None
+    flags: RowFlags
 
 
 def plan_sampling(logit_rows: LogitRows, masks: PendingMasks | None, table: SamplingTable, buffers: InputBuffers,
@@ -77,11 +61,25 @@ def plan_sampling(logit_rows: LogitRows, masks: PendingMasks | None, table: Samp
         allowed = masks.allowed([seq for seq, count in owners for _ in range(count)])
     sbatch = table.gather(buffers.upload(buffers.sample_slots, slots), params, generators, prompt_ids, output_ids,
                           eos_token_ids, allowed)
+    flags = RowFlags(sbatch.max_top_k, sbatch.uses_top_p, sbatch.uses_min_p, sbatch.all_greedy, sbatch.any_greedy,
+                     sbatch.num_top_logprobs, sbatch.needs_logprobs)
     device = buffers.sample_slots.device
     picked = None if rows == list(range(len(rows))) else to_device(rows, device)  # None: rows 0, 1, ...
-    # Settings that change from step to step (penalties, min_tokens bans, grammar masks) cannot be reused.
     plain = len(rows) == len(owners) and not any(p.scores_samples for p in params)  # no scores, no logprobs
-    return SamplingPlan(len(rows), picked, sbatch, owners, reusable=not needs_tokens and allowed is None, plain=plain)
+    return SamplingPlan(len(rows), picked, sbatch, owners, plain, slots, generators, flags)
+
+
+def plan_plain(seqs: list[Sequence], slots: torch.Tensor, generators: list, flags: RowFlags, plain: bool,
+               table: SamplingTable, buffers: InputBuffers) -> SamplingPlan:
+    """The plan of a step whose logits rows each sample one token for one sequence, in order, with settings that
+    need no token lists, bias or grammar (a persistent batch's, decode_rows.py): `flags` and `plain` come from the
+    caller; the settings are gathered by slot on the device."""
+    seeded = []
+    if any(g is not None for g in generators):
+        seeded = [(row, g) for row, (g, seq) in enumerate(zip(generators, seqs))
+                  if g is not None and not seq.group.params.is_greedy]
+    sbatch = table.gather_plain(buffers.upload(buffers.sample_slots, slots), flags, seeded)
+    return SamplingPlan(len(seqs), None, sbatch, [(seq, 1) for seq in seqs], plain, slots, generators, flags)
 
 
 def argmax_only(logit_rows: LogitRows, num_rows: int, device: torch.device) -> torch.Tensor | None:
