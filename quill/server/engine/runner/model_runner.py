@@ -55,37 +55,50 @@ class ModelRunner:
         self.layout.apply(batch.cache_ops)
         if batch.admitted:
             self.sampling.write([g.slot for g in batch.admitted], [g.params for g in batch.admitted])
-        buffers = self.buffers
         kept, index, tail = self._keep(batch, rows, inputs_from)
-        masks, longest = None, None
         if kept is not None and index is None and not tail and rows.whole is not None:
-            # the steady state: the inputs on the device are the last step's, one position on
-            packed, logit_rows, plan = rows.whole.packed, rows.whole.logit_rows, rows.whole.plan
-            packed.token_source = rows.sampled_ids
-            packed.longest += 1
-            buffers.splice_tokens(packed)
-            buffers.positions[: len(packed.positions)].add_(1)
-            self.num_reused_steps += 1
-            pending = self._run(batch, packed, logit_rows, plan, masks, in_place=True)
-            self.rows = rows.moved(pending.sampled_ids)
-            return pending
-        if kept is not None:  # the persistent batch's rows that stay, then the tail packed behind them
-            packed, logit_rows, slots, generators, longest = delta_inputs(rows, index, kept, tail, self.table.row_of)
-            tail_params = [seq.group.params for seq, _ in logit_rows.sampled[len(kept):]]
-            flags = rows.flags.join(RowFlags.of(tail_params, self.vocab_size)) if tail_params else rows.flags
-            plain = rows.plain and not any(p.scores_samples for p in tail_params)
-            plan = plan_plain([seq for seq, _ in logit_rows.sampled], slots, generators, flags, plain,
-                              self.sampling, buffers)
-            self.num_delta_steps += 1
+            return self._again(batch, rows)
+        masks = longest = None
+        if kept is not None:
+            packed, logit_rows, plan, longest = self._delta(rows, index, kept, tail)
         else:
-            packed, logit_rows = pack(batch.work, self.table.row_of)
-            masks = self.grammar_masks.start(logit_rows.next_token_seqs())  # filled while the model runs
-            plan = plan_sampling(logit_rows, masks, self.sampling, buffers, self.loaded.eos_token_ids)
-            if inputs_from is not None:
-                packed.token_source = self._token_source(batch, inputs_from)
+            packed, logit_rows, plan, masks = self._whole(batch, inputs_from)
         pending = self._run(batch, packed, logit_rows, plan, masks)
         self.rows = DecodeRows.of(packed, logit_rows, plan, pending.sampled_ids, len(kept or ()), longest)
         return pending
+
+    def _again(self, batch: ScheduledBatch, rows: DecodeRows) -> PendingStep:
+        """The steady state, a step of exactly the persistent batch's rows: the inputs on the device are the last
+        step's, one position on."""
+        packed, logit_rows, plan = rows.whole.packed, rows.whole.logit_rows, rows.whole.plan
+        packed.token_source = rows.sampled_ids
+        packed.longest += 1
+        self.buffers.splice_tokens(packed)
+        self.buffers.positions[: len(packed.positions)].add_(1)
+        self.num_reused_steps += 1
+        pending = self._run(batch, packed, logit_rows, plan, None, in_place=True)
+        self.rows = rows.moved(pending.sampled_ids)
+        return pending
+
+    def _delta(self, rows: DecodeRows, index: torch.Tensor | None, kept: list, tail: list):
+        """The persistent batch's rows that stay, then the tail packed behind them, all plain sampling rows."""
+        packed, logit_rows, slots, generators, longest = delta_inputs(rows, index, kept, tail, self.table.row_of)
+        tail_params = [seq.group.params for seq, _ in logit_rows.sampled[len(kept):]]
+        flags = rows.flags.join(RowFlags.of(tail_params, self.vocab_size)) if tail_params else rows.flags
+        plain = rows.plain and not any(p.scores_samples for p in tail_params)
+        plan = plan_plain([seq for seq, _ in logit_rows.sampled], slots, generators, flags, plain, self.sampling,
+                          self.buffers)
+        self.num_delta_steps += 1
+        return packed, logit_rows, plan, longest
+
+    def _whole(self, batch: ScheduledBatch, inputs_from: PendingStep | None):
+        """Every sequence of the step packed, its sampling planned, grammar masks started."""
+        packed, logit_rows = pack(batch.work, self.table.row_of)
+        masks = self.grammar_masks.start(logit_rows.next_token_seqs())  # filled while the model runs
+        plan = plan_sampling(logit_rows, masks, self.sampling, self.buffers, self.loaded.eos_token_ids)
+        if inputs_from is not None:
+            packed.token_source = self._token_source(batch, inputs_from)
+        return packed, logit_rows, plan, masks
 
     def _keep(self, batch: ScheduledBatch, rows: DecodeRows | None,
               inputs_from: PendingStep | None) -> tuple[list | None, torch.Tensor | None, list]:
