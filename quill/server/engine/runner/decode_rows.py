@@ -10,9 +10,9 @@ every position one on, and packs only the entries behind them (the tail: new dec
 row's input token is the one the step before sampled for it, still on the device.
 
 A row joins when its sequence decodes one token of a request whose next step needs nothing of the host's but its
-cache (overlap.decodes_on_device: no beams, penalties, min_tokens or grammar) and no logit bias. A step whose tail needs more than
-plain sampling rows (beams, prompt scoring, a fork into n samples, a grammar, penalties, bias) is packed whole, and
-so is one whose tail's tokens are still on the device (an overlapped step). When the rows are exactly the step
+cache (overlap.decodes_on_device: no beams, penalties, min_tokens or grammar) and has no logit bias. A step whose
+tail needs more than plain sampling rows (beams, prompt scoring, a fork into n samples, a grammar, penalties,
+bias) is packed whole, and so is one whose tail's tokens are still on the device (an overlapped step). When the rows are exactly the step
 before's, its inputs stay where they are on the device and only the positions move (`DecodeInputs`, the steady
 state).
 """
@@ -129,7 +129,7 @@ class DecodeRows:
         """(indices of every row but `dropped`, their sequences)."""
         seqs, starts = self.seqs, [0] + [i + 1 for i in dropped]  # the runs of rows between dropped ones
         runs = [(start, end) for start, end in zip(starts, dropped + [len(seqs)]) if end > start]
-        index = torch.cat([torch.arange(start, end) for start, end in runs]) if runs else torch.zeros(0, dtype=torch.long)
+        index = torch.cat([torch.arange(start, end) for start, end in runs] or [torch.zeros(0, dtype=torch.long)])
         return index, [seq for start, end in runs for seq in seqs[start:end]]
 
 
