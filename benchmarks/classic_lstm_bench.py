@@ -25,10 +25,10 @@ import torch
 
 from quill.models.checkpoint import load_checkpoint
 
-from . import quill_runs
-from .hardware import describe_machine, load_average
-from .timing import write_json
-from .tokenized import TokenizedRequest
+from .common import quill_runs
+from .common.hardware import describe_machine, load_average
+from .common.timing import write_json
+from .common.tokenized import TokenizedRequest
 
 AWD_VOCAB, AWD_EMBED, AWD_HIDDEN = 60_000, 400, 1152  # fastai's WT103 model: layers of 1152, 1152, 400
 MARKERS = ["xxunk", "xxpad", "xxbos", "xxeos", "xxfld", "xxmaj", "xxup", "xxrep", "xxwrep"]

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from . import report
-from .hardware import describe_machine, load_average, matmul_flops, read_bandwidth
-from .parts import PARTS, BenchContext
-from .settings import FULL, PRESETS, VOCAB_32K, BenchSettings
-from .timing import write_json
+from .common import report
+from .common.hardware import describe_machine, load_average, matmul_flops, read_bandwidth
+from .common.parts import PARTS, BenchContext
+from .common.settings import FULL, PRESETS, VOCAB_32K, BenchSettings
+from .common.timing import write_json
 
 
 def run(settings: BenchSettings, parts: list[str], log=print) -> dict:

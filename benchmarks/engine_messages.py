@@ -20,7 +20,7 @@ from quill.server.engine.messages import UP, StepOutputs
 from quill.server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob, merge_outputs
 from quill.server.engine.wire import HEADER_BYTES, MessageReader, MessageWriter
 
-from .hardware import describe_machine
+from .common.hardware import describe_machine
 
 
 def step(num_requests: int, top: int | None) -> StepOutputs:

@@ -31,8 +31,8 @@ from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams
 
-from .hardware import describe_machine, load_average
-from .timing import write_json
+from .common.hardware import describe_machine, load_average
+from .common.timing import write_json
 
 WIKITEXT103_LAYERS = ("[(850, 6)] * 3 + [(850, 1)] + [(850, 5)] * 4 + [(850, 1)] + [(850, 4)] * 3"
                       " + [(1024, 4)] + [(2048, 4)]")

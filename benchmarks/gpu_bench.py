@@ -35,15 +35,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
-import os
 import shlex
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import httpx
@@ -51,91 +48,24 @@ import torch
 
 from quill.clients.bench import report as load_report
 from quill.clients.bench.runner import run_workload
-from quill.clients.bench.workload import BenchRequest, TargetModel, WorkloadSpec, build_requests
+from quill.clients.bench.workload import build_requests
 from quill.models.checkpoint import BUNDLED_DIR, LoadedModel, load_checkpoint, resolve_device, resolve_dtype
 from quill.server.config import ServerConfig
 from quill.server.engine.core import CacheConfig, EngineCore
 
-from . import gpu_report, hf_runs, quill_runs
-from .bandwidth_floor import decode_read_bytes, floor_ms_per_token
-from .checkpoints import describe_model, save_random_model
-from .gpu_settings import PRESETS, SHAPES, GpuBenchSettings, Shape
-from .hardware import describe_device, describe_machine, load_average, read_bandwidth
-from .hf_models import hf_model_for, max_logit_difference, pad_token_id
+from . import gpu_report
+from .common import hf_runs, quill_runs
+from .common.bandwidth_floor import decode_read_bytes, floor_ms_per_token
+from .common.checkpoints import describe_model, save_random_model
+from .common.gpu_runs import Recorder, RunOptions, ShapeRun, target_model, workload_spec
+from .common.gpu_settings import PRESETS, SHAPES, GpuBenchSettings
+from .common.hardware import describe_device, describe_machine, load_average, read_bandwidth
+from .common.hf_models import hf_model_for, max_logit_difference, pad_token_id
+from .common.server_process import free_port, running_server, serve_command, server_process, with_serve_args
+from .common.step_profile import decode_requests, profile_decode
+from .common.timing import DecodeTiming
+from .common.tokenized import TokenizedRequest, tokenize
 from .http_bench import send_workload
-from .server_process import free_port, running_server, serve_command, server_process, with_serve_args
-from .step_profile import decode_requests, profile_decode
-from .timing import DecodeTiming
-from .tokenized import TokenizedRequest, tokenize
-
-
-class Recorder:
-    """The results dict, written to its file whole after every change (a stopped run keeps what it had)."""
-
-    def __init__(self, results: dict, path: Path | None):
-        self.results, self.path = results, path
-
-    def save(self) -> None:
-        for shape in self.results["shapes"].values():
-            shape["summary"] = gpu_report.summarize(shape)
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text(json.dumps(self.results, indent=2) + "\n")
-        os.replace(partial, self.path)  # atomic: a reader never sees half a file
-
-
-@dataclass
-class RunOptions:
-    """How the run is done, beside what it measures (the settings)."""
-
-    server_args: list[str] = field(default_factory=list)  # `quill serve` flags, for the server and the engine
-    hf_batch_sizes: dict[str, int] = field(default_factory=dict)  # shape -> static batch size; else the shape's
-    tmp_dir: str | None = None  # where checkpoints are written; None: the system's temporary directory
-    trace_dir: Path | None = None  # where the profile part keeps its traces; None: nowhere
-    progress: bool = False  # a progress bar for the HTTP run
-    log: Callable[[str], None] = print
-
-
-@dataclass
-class ShapeRun:
-    """What the parts of one shape share: the model Quill loaded, the requests, the server's settings."""
-
-    name: str
-    shape: Shape
-    settings: GpuBenchSettings
-    options: RunOptions
-    loaded: LoadedModel
-    requests: list[BenchRequest]  # the timed workload, as sent over HTTP
-    warm: list[BenchRequest]  # untimed warm-up requests on other prompts
-    server: ServerConfig
-    recorder: Recorder
-    figures: dict  # this shape's entry of the results
-    timed: list[TokenizedRequest] = field(init=False)
-    warm_ids: list[TokenizedRequest] = field(init=False)
-
-    def __post_init__(self):
-        self.timed, self.warm_ids = tokenize(self.requests), tokenize(self.warm, tag="w")
-
-    def record(self, part: str, **figures) -> None:
-        self.figures.setdefault(part, {}).update(figures)
-        self.recorder.save()
-
-    def workload(self, salt: int, **changes) -> list[TokenizedRequest]:
-        """Other prompts drawn from the workload's spec (`salt`), with `changes` to it."""
-        s = self.settings
-        spec = replace(_spec(s, self.name), **changes)
-        return tokenize(build_requests(spec, {self.name: _target(self.loaded)}, salt=salt), tag=f"s{salt}-")
-
-
-def _spec(s: GpuBenchSettings, name: str) -> WorkloadSpec:
-    return WorkloadSpec(s.num_requests, s.prompt_lens, s.max_tokens, models=[name], seed=s.seed, prompts="ids")
-
-
-def _target(loaded: LoadedModel) -> TargetModel:
-    # A recurrent or state-space model has no longest sequence: any prompt of the workload fits.
-    return TargetModel(loaded.max_seq_len or 1 << 20, vocab_size=loaded.model.config.vocab_size)
 
 
 # ---- the parts ---------------------------------------------------------------------------
@@ -200,8 +130,8 @@ def sizing_part(r: ShapeRun) -> None:
     request must succeed, no step may run out of memory, and the server must stay healthy."""
     s, extra = r.settings, r.options.server_args
     server = replace(r.server, cache_bytes=None, port=free_port())
-    spec = replace(_spec(s, r.name), num_requests=s.concurrency * 40)  # more than the burst can answer
-    requests = build_requests(spec, {r.name: _target(r.loaded)}, salt=5)
+    spec = replace(workload_spec(s, r.name), num_requests=s.concurrency * 40)  # more than the burst can answer
+    requests = build_requests(spec, {r.name: target_model(r.loaded)}, salt=5)
     r.record("sizing", command=["python", *serve_command(server)[1:], *extra], seconds=s.sizing_seconds)
     with tempfile.TemporaryFile(mode="w+") as output:
         with server_process(server, s.ready_timeout, extra_args=extra, output=output) as (url, _):
@@ -296,7 +226,7 @@ def run_shape(name: str, s: GpuBenchSettings, parts: list[str], device: torch.de
             "attention_backend": getattr(loaded.model, "attention_backend", None),
         }
         figures["part_seconds"]["checkpoint"] = time.perf_counter() - start
-        spec, target = _spec(s, name), {name: _target(loaded)}
+        spec, target = workload_spec(s, name), {name: target_model(loaded)}
         requests = build_requests(spec, target)
         warm_spec = replace(spec, num_requests=s.warmup_requests, max_tokens=(2, 4))
         warm = build_requests(warm_spec, target, salt=1) if s.warmup_requests else []
@@ -341,7 +271,7 @@ def run(s: GpuBenchSettings, shapes: list[str], parts: list[str], device: str = 
         "settings": asdict(replace(s, shapes={k: v for k, v in s.shapes.items() if k in shapes})),
         "parts": [p for p in PARTS if p in parts], "shapes": {},
     }
-    recorder = Recorder(results, out)
+    recorder = Recorder(results, out, gpu_report.summarize)
     options.log(f"measuring read bandwidth on {device} ...")
     results["limits"] = {"read_bandwidth": read_bandwidth(s.bandwidth_bytes, s.bandwidth_repeats, device),
                          "bandwidth_bytes": s.bandwidth_bytes, "bandwidth_repeats": s.bandwidth_repeats,

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .report import num, table
+from .common.report import num, table
 
 
 def _get(figures: dict, *keys):

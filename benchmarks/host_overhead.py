@@ -34,8 +34,8 @@ from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams
 
-from .checkpoints import build_tokenizer
-from .hardware import describe_machine
+from .common.checkpoints import build_tokenizer
+from .common.hardware import describe_machine
 
 SETTINGS = {
     "greedy": dict(temperature=0.0),

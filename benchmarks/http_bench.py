@@ -36,14 +36,14 @@ from quill.models.checkpoint import LoadedModel, load_checkpoint, resolve_checkp
 from quill.server.config import ServerConfig
 from quill.server.engine.core import EngineCore
 
-from . import hf_runs, quill_runs, side_by_side
-from .checkpoints import describe_model, gpt2_source, save_random_gpt2
-from .hardware import describe_machine, load_average
-from .hf_models import hf_model_for, max_logit_difference, pad_token_id
-from .server_process import free_port, running_server, serve_command
-from .settings import HTTP_FULL, HTTP_PRESETS, HttpBenchSettings
-from .timing import write_json
-from .tokenized import TokenizedRequest, spread_subset, tokenize
+from .common import hf_runs, quill_runs, side_by_side
+from .common.checkpoints import describe_model, gpt2_source, save_random_gpt2
+from .common.hardware import describe_machine, load_average
+from .common.hf_models import hf_model_for, max_logit_difference, pad_token_id
+from .common.server_process import free_port, running_server, serve_command
+from .common.settings import HTTP_FULL, HTTP_PRESETS, HttpBenchSettings
+from .common.timing import write_json
+from .common.tokenized import TokenizedRequest, spread_subset, tokenize
 
 
 def workload(

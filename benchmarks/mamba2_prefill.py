@@ -19,7 +19,7 @@ import torch
 from quill.models.hf import config_from_hf
 from quill.models.mamba2 import Mamba2LanguageModel
 
-from . import prefill
+from .common import prefill
 
 # state-spaces/mamba2-130m's shape (vocabulary 50,277 padded to a multiple of 16, tied embeddings).
 SHAPE_130M = dict(vocab_size=50288, hidden_size=768, num_hidden_layers=24, expand=2, num_heads=24, head_dim=64,

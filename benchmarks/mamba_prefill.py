@@ -18,7 +18,7 @@ import torch
 from quill.models.hf import config_from_hf
 from quill.models.mamba import MambaLanguageModel
 
-from . import prefill
+from .common import prefill
 
 # state-spaces/mamba-130m-hf's shape (tied embeddings).
 SHAPE_130M = dict(vocab_size=50280, hidden_size=768, num_hidden_layers=24, state_size=16, expand=2, conv_kernel=4,

@@ -27,8 +27,8 @@ from quill.models.batch import StepBatch
 from quill.models.registry import ARCHITECTURES
 from quill.models.state import new_model_state
 
-from .hardware import describe_machine, load_average
-from .timing import interleaved_times, write_json
+from .common.hardware import describe_machine, load_average
+from .common.timing import interleaved_times, write_json
 
 VOCAB = 8000
 BLOCK_SIZE = 16  # LFM2's attention layers' K,V blocks

@@ -43,14 +43,14 @@ from quill.models.scripted import ScriptedConfig, ScriptedModel
 from quill.models.tokenizer import Tokenizer
 from quill.server.engine.core import EngineCore
 
-from . import quill_runs
-from .checkpoints import build_tokenizer
-from .hardware import describe_machine, load_average
+from .common import quill_runs
+from .common.checkpoints import build_tokenizer
+from .common.hardware import describe_machine, load_average
 from .http_bench import send_workload, server_config, workload
-from .server_process import child_pids, cpu_seconds, server_process, with_serve_args
-from .settings import HttpBenchSettings
-from .timing import write_json
-from .tokenized import tokenize
+from .common.server_process import child_pids, cpu_seconds, server_process, with_serve_args
+from .common.settings import HttpBenchSettings
+from .common.timing import write_json
+from .common.tokenized import tokenize
 
 MODES = {"process": True, "thread": False}  # --modes name -> ServerConfig.engine_process
 

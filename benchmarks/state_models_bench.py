@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import tempfile
 import time
@@ -61,11 +60,13 @@ from quill.models.checkpoint import LoadedModel, load_checkpoint
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 
-from . import hf_runs, mamba_prefill, quill_runs
-from .checkpoints import save_random_model
-from .hardware import describe_machine, load_average
-from .timing import interleaved_times, write_json
-from .tokenized import TokenizedRequest, num_generated, num_prompt_tokens, spread, spread_subset, tokenize
+from . import mamba_prefill
+from .common import hf_runs, quill_runs
+from .common.checkpoints import save_random_model
+from .common.hardware import describe_machine, load_average
+from .common.step_profile import top_ops
+from .common.timing import interleaved_runs, interleaved_times, write_json
+from .common.tokenized import TokenizedRequest, num_generated, num_prompt_tokens, spread, spread_subset, tokenize
 
 # The tokenizer's end-of-text, which save_random_model makes pad, BOS and EOS: never in a prompt (prompts are ids 1
 # and up), never a stop (EOS ignored).
@@ -136,19 +137,6 @@ def engine(loaded: LoadedModel, prefix_caching: bool, max_num_seqs: int | None =
     return EngineCore(loaded, EngineConfig(scheduler, CacheConfig(enable_prefix_caching=prefix_caching)))
 
 
-def interleaved(contenders: dict, repeats: int, log) -> dict[str, list]:
-    """name -> the results of each repeat, the contenders called in turn every repeat."""
-    results: dict[str, list] = {name: [] for name in contenders}
-    for repeat in range(repeats):
-        for name, fn in contenders.items():
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            results[name].append(fn())
-            # memory the process had to map afresh: glibc hands large freed blocks back to the OS (benchmarks/README.md)
-            results[name][-1]["minor_page_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-            log(f"  repeat {repeat + 1}/{repeats}: {name}: {describe_result(results[name][-1])}")
-    return results
-
-
 def describe_result(result) -> str:
     if isinstance(result, dict) and "tokens_per_s" in result:
         return f"{result['tokens_per_s']:.1f} output tokens/s in {result['seconds']:.1f} s " \
@@ -194,7 +182,7 @@ def throughput(s: Settings, reference, loaded: LoadedModel, log) -> dict:
     contenders["quill_prefix_caching_off"] = quill(False)
     contenders["transformers_one_at_a_time"] = lambda: hf_runs.serial(reference, serial_subset, PAD_ID,
                                                                       tokens=hf_tokens).to_dict()
-    runs = interleaved(contenders, s.repeats, log)
+    runs = interleaved_runs(contenders, s.repeats, log, describe_result)
     medians = {name: statistics.median(r["tokens_per_s"] for r in results) for name, results in runs.items()}
     ratios = {f"quill_vs_{name}": medians["quill"] / median for name, median in medians.items() if name != "quill"}
     return {
@@ -256,8 +244,8 @@ def chat(s: Settings, loaded: LoadedModel, log) -> dict:
                     "answer": turn2["tokens"]}
         return run
 
-    runs = interleaved({"prefix_caching_on": conversation(True), "prefix_caching_off": conversation(False)},
-                       s.chat_repeats, log)
+    runs = interleaved_runs({"prefix_caching_on": conversation(True), "prefix_caching_off": conversation(False)},
+                            s.chat_repeats, log, describe_result)
     on, off = runs["prefix_caching_on"], runs["prefix_caching_off"]
     if any(r["answer"] != on[0]["answer"] for r in on + off):
         raise RuntimeError("the second turn's answer differs between runs: resuming changed the result")
@@ -275,16 +263,6 @@ def chat(s: Settings, loaded: LoadedModel, log) -> dict:
 
 
 # ---- part 3: one decode step, where the time goes ----------------------------------------------
-
-
-def top_ops(fn, count: int = 8) -> list[dict]:
-    """The operators that took most of one call's time (self CPU time), by torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:count]
-    return [{"op": e.key, "ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in ops]
 
 
 def decode_step(s: Settings, reference, loaded: LoadedModel, log) -> dict:

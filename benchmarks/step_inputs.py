@@ -24,7 +24,7 @@ import torch
 
 from quill.server.sampling import SamplingParams
 
-from .hardware import describe_machine
+from .common.hardware import describe_machine
 from .host_overhead import WARMUP_STEPS, scripted_engine
 
 PROMPT_TOKENS, NEW_PROMPT_TOKENS = 32, 8

@@ -28,9 +28,9 @@ from quill.server.sampling import SamplingParams, StructuredOutput
 
 from quill.server.sampling.processors import apply_allowed_tokens
 
-from .hardware import best_seconds, describe_machine, load_average
+from .common.hardware import best_seconds, describe_machine, load_average
 from .structured_engines import compare
-from .structured_vocab import ORDER_SCHEMA, synthetic_vocab
+from .common.structured_vocab import ORDER_SCHEMA, synthetic_vocab
 
 PROMPT = "Write the order as JSON:\n"
 

@@ -15,7 +15,7 @@ from llguidance import LLMatcher
 
 from quill.server.structured.grammar_source import JSON_OPTIONS
 
-from .structured_vocab import COVERAGE_SCHEMAS, ORDER_EXAMPLE, ORDER_SCHEMA, llguidance_tokenizer
+from .common.structured_vocab import COVERAGE_SCHEMAS, ORDER_EXAMPLE, ORDER_SCHEMA, llguidance_tokenizer
 
 VIOLATIONS = {
     "minLength/maxLength": '"abcdefg"', "minimum/maximum (integer)": "9", "exclusiveMinimum (number)": "0",
@@ -131,6 +131,6 @@ def _coverage(engine, name: str, schema: dict) -> str:
 
 
 if __name__ == "__main__":
-    from .structured_vocab import synthetic_vocab
+    from .common.structured_vocab import synthetic_vocab
 
     print(json.dumps(compare(synthetic_vocab(32_000), coverage=True), indent=1))

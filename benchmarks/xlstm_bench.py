@@ -24,9 +24,9 @@ from quill.models.batch import StepBatch
 from quill.models.hf import config_from_hf
 from quill.models.xlstm import XLSTMLanguageModel
 
-from .checkpoints import randomize_xlstm_gates
-from .hardware import describe_machine, load_average
-from .timing import interleaved_times, write_json
+from .common.checkpoints import randomize_xlstm_gates
+from .common.hardware import describe_machine, load_average
+from .common.timing import interleaved_times, write_json
 
 SHAPE = dict(vocab_size=50304, hidden_size=512, num_hidden_layers=12, num_heads=4)
 SMOKE_SHAPE = dict(vocab_size=300, hidden_size=128, num_hidden_layers=2, num_heads=4)

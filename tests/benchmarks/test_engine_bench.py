@@ -9,9 +9,9 @@ import pytest
 pytest.importorskip("transformers")
 
 from benchmarks.engine_bench import main, run
-from benchmarks.parts import PARTS
-from benchmarks.settings import SMOKE
-from benchmarks.tokenized import spread_subset, tokenize
+from benchmarks.common.parts import PARTS
+from benchmarks.common.settings import SMOKE
+from benchmarks.common.tokenized import spread_subset, tokenize
 from quill.clients.bench.workload import TargetModel, WorkloadSpec, build_requests
 
 

@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("transformers")
 
 from benchmarks import gpu_bench, gpu_report
-from benchmarks.bandwidth_floor import decode_read_bytes, floor_ms_per_token
-from benchmarks.gpu_settings import SMOKE
-from benchmarks.server_process import with_serve_args
-from benchmarks.step_profile import busy_time, decode_budget, outermost, summarize_trace
+from benchmarks.common.bandwidth_floor import decode_read_bytes, floor_ms_per_token
+from benchmarks.common.gpu_settings import SMOKE
+from benchmarks.common.server_process import with_serve_args
+from benchmarks.common.step_profile import busy_time, decode_budget, outermost, summarize_trace
 from quill.models.registry import ARCHITECTURES
 from quill.server.config import ServerConfig
 

@@ -7,8 +7,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from benchmarks import hf_runs
-from benchmarks.tokenized import TokenizedRequest
+from benchmarks.common import hf_runs
+from benchmarks.common.tokenized import TokenizedRequest
 
 
 @pytest.fixture(scope="module")

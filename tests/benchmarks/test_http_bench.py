@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from benchmarks.http_bench import main
-from benchmarks.settings import HTTP_SMOKE
+from benchmarks.common.settings import HTTP_SMOKE
 
 
 def test_smoke_run_puts_http_beside_the_in_process_runs(tmp_path, capsys):

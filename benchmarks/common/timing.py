@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -82,3 +83,17 @@ def write_json(path: Path | None, results: dict) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def interleaved_runs(contenders: dict, repeats: int, log, describe) -> dict[str, list]:
+    """name -> the results (dicts) of each repeat, the contenders called in turn every repeat, each result logged
+    with `describe` and given the minor page faults its call took."""
+    results: dict[str, list] = {name: [] for name in contenders}
+    for repeat in range(repeats):
+        for name, fn in contenders.items():
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            results[name].append(fn())
+            # memory the process had to map afresh: glibc hands large freed blocks back to the OS (benchmarks/README.md)
+            results[name][-1]["minor_page_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+            log(f"  repeat {repeat + 1}/{repeats}: {name}: {describe(results[name][-1])}")
+    return results

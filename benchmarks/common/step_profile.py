@@ -176,3 +176,11 @@ def profile_decode(engine: EngineCore, requests: list[TokenizedRequest], warm_st
         "busy_share_of_profiled_wall": figures["busy_ms_per_step"] / profiled_ms,
         "trace": str(trace_path) if trace_path is not None else None,
     }
+
+
+def top_ops(fn, count: int = 8) -> list[dict]:
+    """The operators that took most of one call's time (self CPU time), by torch.profiler."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:count]
+    return [{"op": e.key, "ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in ops]
