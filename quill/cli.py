@@ -10,7 +10,7 @@ from quill.models.checkpoint import DTYPES, CheckpointError, load_checkpoint, sa
 from quill.clients.bench.cli import add_bench_parser
 from quill.clients.cli import add_client_parsers, run_guarded
 from quill.server.config import add_serve_arguments, config_from_args
-from quill.server.engine.offline import generate
+from quill.server.engine import generate
 from quill.server.sampling import SamplingParams
 
 

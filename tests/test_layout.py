@@ -4,6 +4,7 @@ benchmarks/common/, which runs nothing."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 from pathlib import Path
 
@@ -33,3 +34,22 @@ def test_the_benchmarks_top_runs_and_their_common_parts_do_not():
     assert len(top) > 10 and len(common) > 10
     assert [p.name for p in top if not runs(p)] == []
     assert [p.name for p in common if runs(p)] == []
+
+
+def test_the_server_uses_the_engine_through_its_public_face():
+    """Outside quill/server/engine/, the package imports the engine as `quill.server.engine` (its __init__: what
+    routes, hosting and the command line may use), never one of its modules."""
+    offenders = []
+    for path in tracked("quill/*.py"):  # git matches the pattern across folders
+        relative = path.relative_to(REPO)
+        if relative.parts[:3] == ("quill", "server", "engine"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                absolute = node.module if node.level == 0 else None
+                if node.level and relative.parts[:2] == ("quill", "server"):
+                    base = list(relative.parent.parts)[: len(relative.parent.parts) - node.level + 1]
+                    absolute = ".".join(base + [node.module])
+                if absolute and absolute.startswith("quill.server.engine."):
+                    offenders.append(f"{relative}: {absolute}")
+    assert offenders == []

@@ -21,12 +21,8 @@ from quill.models.checkpoint import LoadedModel, load_checkpoint, resolve_device
 from quill.models.location import locate
 
 from .config import ServerConfig
-from .engine.async_engine import AsyncEngine
-from .engine.core import CacheConfig, EngineConfig
-from .engine.core_process import CoreSpec
-from .engine.frontend import EngineFrontend
-from .engine.process_engine import EngineStartCancelled, ProcessEngine
-from .engine.scheduler import SchedulerConfig
+from .engine import (AsyncEngine, CacheConfig, CoreSpec, EngineConfig, EngineFrontend, EngineStartCancelled,
+                     ProcessEngine, SchedulerConfig)
 from .structured import GrammarCompiler
 
 log = logging.getLogger("quill.server")

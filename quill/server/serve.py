@@ -29,7 +29,7 @@ from quill.models.checkpoint import CheckpointError
 
 from .api.app import attach_host, create_app
 from .config import ServerConfig
-from .engine.process_engine import EngineStartError
+from .engine import EngineStartError
 from .hosting import LoadCancelled, ModelHost
 
 log = logging.getLogger("quill.server")

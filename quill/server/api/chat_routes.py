@@ -19,8 +19,7 @@ from fastapi.responses import StreamingResponse
 
 from quill.server import __version__
 from quill.server.config import ServerConfig
-from quill.server.engine.frontend import RequestStream
-from quill.server.engine.outputs import TokenLogprob
+from quill.server.engine import RequestStream, TokenLogprob
 from quill.server.hosting import HostedModel
 from quill.server.sampling import SamplingParams
 from quill.server.sampling.params import MAX_LOGPROBS

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
-from quill.server.engine.frontend import EngineDeadError, RequestStream
-from quill.server.engine.outputs import RequestOutput
-from quill.server.engine.scheduler import QueueFullError
+from quill.server.engine import EngineDeadError, QueueFullError, RequestOutput, RequestStream
 
 from .errors import APIError
 

@@ -9,8 +9,7 @@ from collections.abc import Awaitable
 
 from fastapi import Request
 
-from quill.server.engine.frontend import RequestStream
-from quill.server.engine.scheduler import QueueFullError
+from quill.server.engine import QueueFullError, RequestStream
 from quill.server.hosting import HostedModel, ModelHost
 from quill.server.sampling import SamplingParams
 

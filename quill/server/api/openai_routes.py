@@ -8,7 +8,7 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from quill.server.engine.outputs import TokenLogprob
+from quill.server.engine import TokenLogprob
 
 from .engine_errors import checked, final_output
 from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError

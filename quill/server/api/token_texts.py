@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from quill.models.tokenizer import IncrementalDecoder, Tokenizer
-
-from ..engine.outputs import TokenLogprob
+from quill.server.engine import TokenLogprob
 
 
 class TokenTexts:

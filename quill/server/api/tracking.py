@@ -7,8 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from quill.server.engine.frontend import RequestStream
-from quill.server.engine.outputs import RequestOutput
+from quill.server.engine import RequestOutput, RequestStream
 
 from .metrics import Metrics, observe_repeated
 
