@@ -24,7 +24,7 @@ from .cuda_graphs import CudaGraphs, GraphCapture, GraphCaptureError
 from .current_device import make_current
 from .graph_buckets import graph_batch_sizes
 from .output_processor import OutputProcessor
-from .overlap import can_overlap, is_live, live_work, next_decode
+from .overlap import can_overlap, live_work
 from .outputs import RequestOutput
 from .runner import ModelRunner, PendingStep, StepResult
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -226,7 +226,7 @@ class EngineCore:
         previous, self._in_flight = self._in_flight, None
         live = live_work(previous.batch)  # less what finished or was aborted since it was scheduled
         self.scheduler.commit(live)  # its input tokens are all on the host by now
-        following = next_decode(self.scheduler, live)
+        following = self.scheduler.schedule_decode(live)
         if following is not None:
             self._in_flight = self.runner.launch(following, inputs_from=previous)
             self.num_overlapped_steps += 1
@@ -234,7 +234,7 @@ class EngineCore:
         result = previous.result()
         self.cache.step_finished()  # the keys its commit registered above are now safe past a fault
         if len(live.work) < len(previous.batch.work):  # no token after an abort
-            result.sampled = [(seq, chosen) for seq, chosen in result.sampled if is_live(seq)]
+            result.sampled = [(seq, chosen) for seq, chosen in result.sampled if seq.is_live]
         return self._update(previous.batch, result)
 
     def _update(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:

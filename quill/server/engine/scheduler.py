@@ -167,6 +167,22 @@ class Scheduler:
             batch.table_edits = self.cache.table_edits.take()
         return batch
 
+    def schedule_decode(self, live: ScheduledBatch) -> ScheduledBatch | None:
+        """The step after `live`, the live part of a step still in flight (overlap.py), committed as if each of its
+        sequences got its token: every running sequence decodes one more, its cache allocated here. None when that
+        cannot be known before the step's tokens reach the host (anything waits, a sequence of the step is not
+        plain, or the cache is full: a preemption waits for the step in flight)."""
+        if self.waiting or not live.work:
+            return None
+        if len(live.work) != sum(len(group.seqs) for group in self.running):
+            return None  # some running sequence was not in the step in flight: `schedule` decides
+        cache = self.cache
+        for seq, _ in live.work:
+            if not seq.decodes_on_device or not cache.allocate(seq.seq_id, seq.num_computed, 1):
+                return None
+        return ScheduledBatch(work=[(seq, 1) for seq, _ in live.work], cache_ops=cache.take_ops(),
+                              table_edits=cache.table_edits.take())
+
     def _release_slot(self, group: SequenceGroup) -> None:
         self.free_slots.append(group.slot)
         group.slot = None

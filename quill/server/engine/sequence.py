@@ -52,6 +52,21 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
+    def is_live(self) -> bool:
+        """Neither finished nor aborted."""
+        return self.finish_reason is None and not self.group.is_finished
+
+    @property
+    def decodes_on_device(self) -> bool:
+        """Its next step needs only the token it samples now, which can stay on the device (overlap.py): no beams,
+        no penalties or min_tokens (they read the output ids on the host), no grammar (its next mask needs this
+        token on the host)."""
+        group = self.group
+        params = group.params
+        return (group.is_forked and not params.use_beam_search and not params.has_penalties
+                and params.min_tokens == 0 and params.structured is None)
+
+    @property
     def num_uncomputed(self) -> int:
         return len(self.token_ids) - self.num_computed
 

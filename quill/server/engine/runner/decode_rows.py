@@ -10,7 +10,7 @@ every position one on, and packs only the entries behind them (the tail: new dec
 row's input token is the one the step before sampled for it, still on the device.
 
 A row joins when its sequence decodes one token of a request whose next step needs nothing of the host's but its
-cache (overlap.decodes_on_device: no beams, penalties, min_tokens or grammar) and has no logit bias. A step whose
+cache (Sequence.decodes_on_device: no beams, penalties, min_tokens or grammar) and has no logit bias. A step whose
 tail needs more than plain sampling rows (beams, prompt scoring, a fork into n samples, a grammar, penalties,
 bias) is packed whole, and so is one whose tail's tokens are still on the device (an overlapped step). When the rows are exactly the step
 before's, its inputs stay where they are on the device and only the positions move (`DecodeInputs`, the steady
@@ -27,7 +27,6 @@ import torch
 
 from quill.server.sampling.table import RowFlags
 
-from ..overlap import decodes_on_device
 from ..sequence import Sequence
 from .inputs import LogitRows, Packed, pack
 from .sampling_plan import SamplingPlan
@@ -44,7 +43,7 @@ class DecodeInputs:
 
 
 def _joins(seq: Sequence) -> bool:
-    return decodes_on_device(seq) and not seq.group.params.logit_bias
+    return seq.decodes_on_device and not seq.group.params.logit_bias
 
 
 def _host(values: list[int] | torch.Tensor) -> torch.Tensor:
