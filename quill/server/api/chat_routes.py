@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
 from quill.server import __version__
 from quill.server.config import ServerConfig
-from quill.server.engine import RequestStream, TokenLogprob
+from quill.server.engine import TokenLogprob
 from quill.server.hosting import HostedModel
 from quill.server.sampling import SamplingParams
 from quill.server.sampling.params import MAX_LOGPROBS
@@ -28,15 +28,13 @@ from quill.server.sampling.structured import StructuredOutput
 from .chat_prompt import ChatPrompt, render_chat
 from .chat_schemas import ChatCompletionRequest
 from .chat_tools import ToolPlan, plan_tools
-from .engine_errors import checked, final_output
 from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
-from .generation import resolve_model, submit, until_disconnected
+from .generation import Submitted, answer, event_stream, resolve_model, start
 from .sampling_defaults import default_max_tokens
-from .sse import SSE_HEADERS, sse_event
+from .sse import sse_event
 from .structured_fields import check_constraint
 from .token_texts import TokenTexts
 from .tool_calls import CallDelta, ToolCall, ToolCallStream, split_answer
-from .tracking import RequestTracker
 from .validation import check_context, check_max_tokens, check_sequences, invalid
 
 router = APIRouter()
@@ -136,17 +134,15 @@ class _Logprobs:
 
 @router.post("/v1/chat/completions", responses={**OPENAI_ERROR_RESPONSES, **JSON_OR_SSE_RESPONSE})
 async def create_chat_completion(request: ChatCompletionRequest, http: Request):
-    state = http.app.state
     hosted = resolve_model(http, _model_name(http, request.model))
-    plan = _validate(request, state.config, hosted)
+    plan = _validate(request, http.app.state.config, hosted)
     constraint_field = "tool_choice" if plan.tools.schema is not None else request.structured_output()[1]
     await check_constraint(hosted, plan.params.structured, constraint_field)
-    tracker = RequestTracker(state.metrics, hosted.name, plan.completion_id, len(plan.prompt.ids),
-                             plan.prompt.text if state.config.log_prompts else None)
-    stream = submit(hosted, plan.prompt.ids, plan.params, plan.completion_id)
+    submitted = start(http, hosted, [(plan.prompt.ids, plan.prompt.text)], plan.params, [plan.completion_id])
     if request.stream:
-        return StreamingResponse(_chunks(plan, stream, tracker), media_type="text/event-stream", headers=SSE_HEADERS)
-    return await until_disconnected(http, _complete(plan, stream, tracker))
+        return event_stream(submitted, lambda _, s: _chunks(plan, s), _error_event,
+                            lambda: _tail(plan, submitted[0].tracker.num_generated))
+    return await answer(http, submitted, lambda outputs: _whole(plan, outputs[0]))
 
 
 def _usage(plan: _AcceptedChat, num_generated: int) -> dict:
@@ -154,13 +150,7 @@ def _usage(plan: _AcceptedChat, num_generated: int) -> dict:
     return {"prompt_tokens": num_prompt, "completion_tokens": num_generated, "total_tokens": num_prompt + num_generated}
 
 
-async def _complete(plan: _AcceptedChat, stream: RequestStream, tracker: RequestTracker) -> dict:
-    try:
-        out = await final_output(stream, tracker.observe)
-    except APIError as e:
-        tracker.done(e.status)
-        raise
-    tracker.done(200)
+def _whole(plan: _AcceptedChat, out) -> dict:
     logprobs = _Logprobs(plan.hosted, plan.prompt.ids)
     choices = sorted(out.outputs, key=lambda c: c.index)
     return {
@@ -200,15 +190,21 @@ def _call_delta(piece: CallDelta) -> dict:
                             "function": {"name": piece.name, "arguments": piece.arguments}}]}
 
 
-def _error_event(message: str) -> bytes:
+def _error_event(error: APIError) -> bytes:
     # OpenAI's error object, plus TGI's error_type, which huggingface_hub reads from streamed errors.
-    return sse_event({"error": {"message": message, "type": "internal_error", "param": None, "code": None},
+    return sse_event({"error": {"message": error.message, "type": "internal_error", "param": None, "code": None},
                       "error_type": "generation"})
 
 
-async def _chunks(plan: _AcceptedChat, stream: RequestStream, tracker: RequestTracker):
+def _tail(plan: _AcceptedChat, num_generated: int) -> list[bytes]:
+    """Usage in a chunk of its own when asked, then [DONE]."""
+    usage = [sse_event({**plan.envelope("chat.completion.chunk"), "choices": [], "usage": _usage(plan, num_generated)})]
+    return (usage if plan.include_usage else []) + [sse_event("[DONE]")]
+
+
+async def _chunks(plan: _AcceptedChat, submitted: Submitted) -> AsyncIterator[bytes]:
     """A first chunk per choice with the role, then content deltas (with their logprobs), the finish
-    reason with the last; usage in a chunk of its own when asked; then [DONE]."""
+    reason with the last."""
     logprobs = _Logprobs(plan.hosted, plan.prompt.ids)
 
     def chunk(index: int, delta: dict, finish_reason: str | None = None, content_logprobs: list | None = None):
@@ -231,28 +227,15 @@ async def _chunks(plan: _AcceptedChat, stream: RequestStream, tracker: RequestTr
         shown = calls if calls and not made.content else [{"content": made.content}, *calls]
         return shown, _finish_reason(engine_reason, reader.calls)
 
-    status = 499  # until the stream ends normally: a client that leaves is logged as such
-    try:
-        for index in range(plan.params.n):
-            yield chunk(index, {"role": ROLE, "content": ""})
-        async for out in checked(tracker.follow(stream)):
-            for c in out.outputs:
-                ends = c.finish_reason is not None
-                entries = logprobs.content(c.index, c.token_ids, c.logprobs, ends) if plan.logprobs else None
-                made, finish_reason = deltas(c.index, c.text, c.finish_reason)
-                if made == [{"content": ""}] and not (c.finish_reason or entries):
-                    continue
-                for i, delta in enumerate(made):  # logprobs with the first delta, the finish reason with the last
-                    last = i == len(made) - 1
-                    yield chunk(c.index, delta, finish_reason if last else None, entries if i == 0 else None)
-        status = 200
-        if plan.include_usage:
-            yield sse_event({**plan.envelope("chat.completion.chunk"), "choices": [],
-                             "usage": _usage(plan, tracker.num_generated)})
-        yield sse_event("[DONE]")
-    except APIError as e:
-        status = e.status
-        yield _error_event(e.message)
-    finally:
-        tracker.done(status)
-        stream.close()
+    for index in range(plan.params.n):
+        yield chunk(index, {"role": ROLE, "content": ""})
+    async for out in submitted.outputs():
+        for c in out.outputs:
+            ends = c.finish_reason is not None
+            entries = logprobs.content(c.index, c.token_ids, c.logprobs, ends) if plan.logprobs else None
+            made, finish_reason = deltas(c.index, c.text, c.finish_reason)
+            if made == [{"content": ""}] and not (c.finish_reason or entries):
+                continue
+            for i, delta in enumerate(made):  # logprobs with the first delta, the finish reason with the last
+                last = i == len(made) - 1
+                yield chunk(c.index, delta, finish_reason if last else None, entries if i == 0 else None)

@@ -50,6 +50,8 @@ async def final_output(stream: RequestStream, observe: Callable[[RequestOutput],
     finally:
         stream.close()
     raise_if_failed(out)
+    if not out.outputs:
+        raise APIError(500, "generation ended without output", reason="engine_error")
     return out
 
 

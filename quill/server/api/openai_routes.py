@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
 from quill.server.engine import TokenLogprob
 
-from .engine_errors import checked, final_output
 from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
-from .generation import loaded_host, resolve_model, submit, until_disconnected
+from .generation import answer, event_stream, loaded_host, resolve_model, start
 from .openai_schemas import CompletionRequest
 from .sampling_defaults import default_max_tokens
-from .sse import SSE_HEADERS, sse_event
+from .sse import sse_event
 from .structured_fields import check_constraint
 from .token_texts import TokenTexts
-from .tracking import RequestTracker
 from .validation import check_context, check_max_tokens, check_sequences, encode_prompt, invalid
 
 router = APIRouter()
@@ -96,49 +94,38 @@ async def list_models(http: Request):
 
 @router.post("/v1/completions", responses={**OPENAI_ERROR_RESPONSES, **JSON_OR_SSE_RESPONSE})
 async def create_completion(request: CompletionRequest, http: Request):
-    app = http.app.state
     hosted = resolve_model(http, request.model)
-    params, prompts = _validate(request, app.config, hosted)
+    params, prompts = _validate(request, http.app.state.config, hosted)
     await check_constraint(hosted, params.structured, request.structured_output()[1])
-    completion_id = f"cmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-    streams, trackers = [], []
-    try:
-        for i, (ids, text) in enumerate(prompts):
-            rid = f"{completion_id}-{i}"
-            trackers.append(RequestTracker(app.metrics, hosted.name, rid, len(ids), text if app.config.log_prompts else None))
-            streams.append(submit(hosted, ids, params, rid))
-    except APIError:
-        for s in streams:
-            s.close()
-        raise
+    completion = _Completion(request, hosted, params, prompts, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
+    submitted = start(http, hosted, prompts, params, [f"{completion.id}-{i}" for i in range(len(prompts))])
     if request.stream:
-        body = _stream(request, hosted, params, prompts, streams, trackers, completion_id, created)
-        return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
-    return await until_disconnected(
-        http, _complete(request, hosted, params, prompts, streams, trackers, completion_id, created)
-    )
+        return event_stream(submitted, completion.events, _error_event, lambda: completion.tail(submitted))
+    return await answer(http, submitted, completion.whole)
 
 
-async def _complete(request, hosted, params, prompts, streams, trackers, completion_id, created):
-    tokenizer = hosted.tokenizer
-    choices, usage_prompt, usage_completion = [], 0, 0
-    try:
-        for p, ((ids, text), stream, tracker) in enumerate(zip(prompts, streams, trackers)):
-            try:
-                out = await final_output(stream, tracker.observe)
-            except APIError as e:
-                tracker.done(e.status)
-                raise
-            tracker.done(200)
+class _Completion:
+    """One /v1/completions answer: whole, or as the chunks of a stream."""
+
+    def __init__(self, request: CompletionRequest, hosted, params, prompts: list[tuple[list[int], str]],
+                 completion_id: str, created: int):
+        self.request, self.hosted, self.params, self.prompts = request, hosted, params, prompts
+        self.id, self.created = completion_id, created
+
+    def envelope(self) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.hosted.name}
+
+    def whole(self, outputs: list) -> dict:
+        request, tokenizer = self.request, self.hosted.tokenizer
+        choices, usage_prompt, usage_completion = [], 0, 0
+        for p, ((ids, text), out) in enumerate(zip(self.prompts, outputs)):
             usage_prompt += len(ids)
             outs = sorted(out.outputs, key=lambda c: c.index)
             usage_completion += sum(len(c.token_ids) for c in outs)
-            if not params.use_beam_search and len(outs) > request.n:  # best_of: keep the n most likely
+            if not self.params.use_beam_search and len(outs) > request.n:  # best_of: keep the n most likely
                 outs = sorted(outs, key=lambda c: c.score if c.score is not None else c.cumulative_logprob,
                               reverse=True)[: request.n]
             for i, c in enumerate(outs):
-                choice_text = (text if request.echo else "") + c.text
                 logprobs = None
                 if request.logprobs is not None:
                     entries = c.logprobs or []
@@ -147,73 +134,49 @@ async def _complete(request, hosted, params, prompts, streams, trackers, complet
                         entries, token_ids = (out.prompt_logprobs or [None] * len(ids)) + entries, ids + token_ids
                         context = ()
                     logprobs = _logprobs_block(TokenTexts(tokenizer, context), entries, token_ids, 0, ends=True)
-                choices.append({"index": p * request.n + i, "text": choice_text, "logprobs": logprobs,
-                                "finish_reason": c.finish_reason})
-    finally:
-        for s in streams:
-            s.close()
-    return {
-        "id": completion_id, "object": "text_completion", "created": created, "model": hosted.name,
-        "choices": choices,
-        "usage": {"prompt_tokens": usage_prompt, "completion_tokens": usage_completion,
-                  "total_tokens": usage_prompt + usage_completion},
-    }
+                choices.append({"index": p * request.n + i, "text": (text if request.echo else "") + c.text,
+                                "logprobs": logprobs, "finish_reason": c.finish_reason})
+        return {**self.envelope(), "choices": choices, "usage": _usage(usage_prompt, usage_completion)}
+
+    async def events(self, p: int, submitted) -> AsyncIterator[bytes]:
+        """The chunks of prompt `p`'s choices: text deltas, logprobs, the finish reason with the last."""
+        request, tokenizer = self.request, self.hosted.tokenizer
+        ids, text = self.prompts[p]
+        echoed: set[int] = set()
+        offsets: dict[int, int] = {}
+        texts: dict[int, TokenTexts] = {}  # per choice: its tokens' texts so far
+        async for out in submitted.outputs():
+            for c in out.outputs:
+                index = p * request.n + c.index
+                prefix = ""
+                if request.echo and index not in echoed:
+                    echoed.add(index)
+                    prefix = text
+                logprobs = None
+                if request.logprobs is not None and c.token_ids:
+                    sequence = texts.setdefault(index, TokenTexts(tokenizer, ids))
+                    logprobs = _logprobs_block(sequence, c.logprobs or [], c.token_ids, offsets.get(index, 0),
+                                               ends=c.finish_reason is not None)
+                    offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs["tokens"])
+                if prefix or c.text or c.finish_reason or logprobs:
+                    choice = {"index": index, "text": prefix + c.text, "logprobs": logprobs,
+                              "finish_reason": c.finish_reason}
+                    yield sse_event({**self.envelope(), "choices": [choice]})
+
+    def tail(self, submitted: list) -> list[bytes]:
+        """The usage chunk when asked, then [DONE]."""
+        chunks = []
+        if self.request.stream_options and self.request.stream_options.include_usage:
+            prompt_tokens = sum(len(ids) for ids, _ in self.prompts)
+            generated = sum(s.tracker.num_generated for s in submitted)
+            chunks.append(sse_event({**self.envelope(), "choices": [], "usage": _usage(prompt_tokens, generated)}))
+        return chunks + [sse_event("[DONE]")]
 
 
-def _error_event(message: str) -> bytes:
-    return sse_event({"error": {"message": message, "type": "internal_error", "param": None, "code": None}})
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
-async def _stream(request, hosted, params, prompts, streams, trackers, completion_id, created):
-    tokenizer = hosted.tokenizer
-
-    def chunk(index, text, finish, logprobs=None):
-        return sse_event({"id": completion_id, "object": "text_completion", "created": created, "model": hosted.name,
-                          "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
-
-    def chunks(p, ids, text, out, echoed, offsets, texts):
-        for c in out.outputs:
-            index = p * request.n + c.index
-            prefix = ""
-            if request.echo and index not in echoed:
-                echoed.add(index)
-                prefix = text
-            logprobs = None
-            if request.logprobs is not None and c.token_ids:
-                sequence = texts.setdefault(index, TokenTexts(tokenizer, ids))
-                logprobs = _logprobs_block(sequence, c.logprobs or [], c.token_ids, offsets.get(index, 0),
-                                           ends=c.finish_reason is not None)
-                offsets[index] = offsets.get(index, 0) + sum(len(t) for t in logprobs["tokens"])
-            if prefix or c.text or c.finish_reason or logprobs:
-                yield chunk(index, prefix + c.text, c.finish_reason, logprobs)
-
-    usage_prompt = usage_completion = 0
-    try:
-        for p, ((ids, text), stream, tracker) in enumerate(zip(prompts, streams, trackers)):
-            echoed: set[int] = set()
-            offsets: dict[int, int] = {}
-            texts: dict[int, TokenTexts] = {}  # per choice: its tokens' texts so far
-            status = 499  # until the stream ends normally: a client that leaves is logged as such
-            try:
-                async for out in checked(tracker.follow(stream)):
-                    for event in chunks(p, ids, text, out, echoed, offsets, texts):
-                        yield event
-                status = 200
-            except APIError as e:
-                status = e.status
-                yield _error_event(e.message)
-            finally:
-                tracker.done(status)
-            if status != 200:
-                return
-            usage_prompt += len(ids)
-            usage_completion += tracker.num_generated
-        if request.stream_options and request.stream_options.include_usage:
-            yield sse_event({"id": completion_id, "object": "text_completion", "created": created,
-                             "model": hosted.name, "choices": [],
-                             "usage": {"prompt_tokens": usage_prompt, "completion_tokens": usage_completion,
-                                       "total_tokens": usage_prompt + usage_completion}})
-        yield sse_event("[DONE]")
-    finally:
-        for s in streams:
-            s.close()
+def _error_event(error: APIError) -> bytes:
+    return sse_event({"error": {"message": error.message, "type": "internal_error", "param": None, "code": None}})

@@ -10,27 +10,25 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
 from quill.models.tokenizer import IncrementalDecoder
 from quill.server import __version__
 from quill.server.config import ServerConfig
-from quill.server.engine import CompletionOutput, RequestStream, TokenLogprob
+from quill.server.engine import CompletionOutput, TokenLogprob
 from quill.server.hosting import HostedModel
 from quill.server.sampling import SamplingParams
 from quill.server.sampling.params import MAX_LOGPROBS
 
-from .engine_errors import checked, final_output
 from .errors import JSON_OR_SSE_RESPONSE, SSE_RESPONSE, TGI_ERROR_RESPONSES, APIError
-from .generation import loaded_host, resolve_model, submit, until_disconnected
+from .generation import Submitted, answer, event_stream, loaded_host, resolve_model, start
 from .sampling_defaults import default_max_tokens
-from .sse import SSE_HEADERS, sse_event
+from .sse import sse_event
 from .structured_fields import check_constraint
 from .tgi_schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
-from .tracking import RequestTracker
 from .validation import (
     check_beam_width,
     check_context,
@@ -148,16 +146,11 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
                  p.decoder_input_details, p.top_n_tokens or 0, bool(p.return_full_text))
 
 
-async def _start(request: GenerateRequest, http: Request,
-                 stream: bool) -> tuple[_AcceptedGenerate, RequestStream, RequestTracker]:
-    state = http.app.state
+async def _start(request: GenerateRequest, http: Request, stream: bool) -> tuple[_AcceptedGenerate, list[Submitted]]:
     hosted = resolve_model(http, request.model)
-    plan = _validate(request, state.config, hosted, stream)
+    plan = _validate(request, http.app.state.config, hosted, stream)
     await check_constraint(hosted, plan.params.structured, "grammar")
-    request_id = f"tgi-{uuid.uuid4().hex}"
-    tracker = RequestTracker(state.metrics, hosted.name, request_id, len(plan.prompt_ids),
-                             request.inputs if state.config.log_prompts else None)
-    return plan, submit(hosted, plan.prompt_ids, plan.params, request_id), tracker
+    return plan, start(http, hosted, [(plan.prompt_ids, request.inputs)], plan.params, [f"tgi-{uuid.uuid4().hex}"])
 
 
 class _Tokens:
@@ -213,20 +206,11 @@ def _padded(entries: list[TokenLogprob] | None, length: int) -> list[TokenLogpro
 
 @router.post("/generate", responses=TGI_ERROR_RESPONSES)
 async def generate(request: GenerateRequest, http: Request):
-    plan, stream, tracker = await _start(request, http, stream=False)
-    return await until_disconnected(http, _complete(plan, stream, tracker))
+    plan, submitted = await _start(request, http, stream=False)
+    return await answer(http, submitted, lambda outputs: _whole(plan, outputs[0]))
 
 
-async def _complete(plan: _AcceptedGenerate, stream: RequestStream, tracker: RequestTracker) -> dict:
-    try:
-        out = await final_output(stream, tracker.observe)
-    except APIError as e:
-        tracker.done(e.status)
-        raise
-    if not out.outputs:
-        tracker.done(500)
-        raise APIError(500, "generation ended without output", reason="engine_error")
-    tracker.done(200)
+def _whole(plan: _AcceptedGenerate, out) -> dict:
     # TGI's best_of: the highest mean log-probability per token wins; the others go to best_of_sequences.
     best, *others = sorted(out.outputs, key=_mean_logprob, reverse=True)
     prefix = plan.inputs if plan.return_full_text else ""
@@ -277,51 +261,43 @@ def _details(plan: _AcceptedGenerate, tokens: _Tokens, seq: CompletionOutput, pr
 
 @router.post("/generate_stream", responses={**TGI_ERROR_RESPONSES, **SSE_RESPONSE})
 async def generate_stream(request: GenerateRequest, http: Request):
-    plan, stream, tracker = await _start(request, http, stream=True)
-    return StreamingResponse(_events(plan, stream, tracker), media_type="text/event-stream", headers=SSE_HEADERS)
+    plan, submitted = await _start(request, http, stream=True)
+    return event_stream(submitted, lambda _, s: _events(plan, s), _error_event)
 
 
-def _error_event(message: str, error_type: str = "generation") -> bytes:
-    return sse_event({"error": message, "error_type": error_type})
+def _error_event(error: APIError) -> bytes:
+    error_type = "incomplete_generation" if error.reason == "incomplete_generation" else "generation"
+    return sse_event({"error": error.message, "error_type": error_type})
 
 
-async def _events(plan: _AcceptedGenerate, stream: RequestStream, tracker: RequestTracker):
+async def _events(plan: _AcceptedGenerate, submitted: Submitted) -> AsyncIterator[bytes]:
     """One event per token; the last token's event carries generated_text (and details when asked)."""
     tokens = _Tokens(plan.hosted, plan.prompt_ids)
     decoder = tokens.decoder()
     token_ids: list[int] = []
-    status = 499  # what the log says if the client leaves before the end
-    try:
-        async for out in checked(tracker.follow(stream)):
-            events = []  # TGI's protocol has an event per token; the tokens of one output go out in one write
-            for c in out.outputs:  # streaming allows no best_of, so this is the one sequence
-                for i, (token_id, entry) in enumerate(zip(c.token_ids, _padded(c.logprobs, len(c.token_ids)))):
-                    is_last = c.finish_reason is not None and i == len(c.token_ids) - 1
-                    token_ids.append(token_id)
-                    event = {"index": len(token_ids),
-                             "token": tokens.generated(decoder, token_id, None if entry is None else entry.logprob,
-                                                       is_last),
-                             "top_tokens": tokens.top(entry) if plan.top_n_tokens else [],
-                             "generated_text": None, "details": None}
-                    if is_last:
-                        event |= _final(plan, tokens, c.finish_reason, token_ids)
-                        status = 200
-                    events.append(sse_event(event))
-                if c.finish_reason is not None and status != 200:
-                    status = 500
-                    yield b"".join(events) + _error_event(f"generation ended early ({c.finish_reason})")
-                    return
-            if events:
+    finished = False
+    async for out in submitted.outputs():
+        events = []  # TGI's protocol has an event per token; the tokens of one output go out in one write
+        for c in out.outputs:  # streaming allows no best_of, so this is the one sequence
+            for i, (token_id, entry) in enumerate(zip(c.token_ids, _padded(c.logprobs, len(c.token_ids)))):
+                is_last = c.finish_reason is not None and i == len(c.token_ids) - 1
+                token_ids.append(token_id)
+                event = {"index": len(token_ids),
+                         "token": tokens.generated(decoder, token_id, None if entry is None else entry.logprob,
+                                                   is_last),
+                         "top_tokens": tokens.top(entry) if plan.top_n_tokens else [],
+                         "generated_text": None, "details": None}
+                if is_last:
+                    event |= _final(plan, tokens, c.finish_reason, token_ids)
+                    finished = True
+                events.append(sse_event(event))
+            if c.finish_reason is not None and not finished:
                 yield b"".join(events)
-        if status != 200:
-            status = 500
-            yield _error_event("incomplete generation stream", "incomplete_generation")
-    except APIError as e:
-        status = e.status
-        yield _error_event(e.message)
-    finally:
-        tracker.done(status)
-        stream.close()
+                raise APIError(500, f"generation ended early ({c.finish_reason})", reason="engine_error")
+        if events:
+            yield b"".join(events)
+    if not finished:
+        raise APIError(500, "incomplete generation stream", reason="incomplete_generation")
 
 
 def _final(plan: _AcceptedGenerate, tokens: _Tokens, engine_reason: str, token_ids: list[int]) -> dict:
