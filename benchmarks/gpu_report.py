@@ -108,7 +108,7 @@ def render(results: dict) -> str:
 
 
 def markdown(runs: list[dict]) -> str:
-    """One Markdown table over the shapes of several runs (the README's GPU table)."""
+    """One Markdown table over the shapes of several runs (the GPU table of docs/gpu.md)."""
     lines = ["| model shape | Quill over HTTP tokens/s | in-process tokens/s | HTTP / in-process | "
              "HF static batches tokens/s | HTTP / HF | batch-1 ms/token (floor) | "
              "decode step at N seqs: wall / busy ms |",

@@ -1,6 +1,6 @@
 """What each sequence of the released state-space, xLSTM and LFM2 checkpoints holds in Quill's cache.
 
-    python -m benchmarks.state_sizes              # a Markdown table, as the README's
+    python -m benchmarks.state_sizes              # a Markdown table, as docs/models.md's
     python -m benchmarks.state_sizes --dtype float32
 
 Each model is built on the meta device from the shape its config.json gives (the keys that set the state's size,

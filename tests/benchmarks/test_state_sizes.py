@@ -1,4 +1,4 @@
-"""The README's table of state sizes comes from the models' own state tensors."""
+"""The table of state sizes in docs/models.md comes from the models' own state tensors."""
 
 from __future__ import annotations
 
