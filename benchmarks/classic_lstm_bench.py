@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from quill.models.checkpoint import load_checkpoint
+from quill.models.loading.checkpoint import load_checkpoint
 
 from .common import quill_runs
 from .common.hardware import describe_machine, load_average

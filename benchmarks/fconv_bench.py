@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from quill.models.batch import StepBatch
-from quill.models.checkpoint import LoadedModel
+from quill.models.loading.checkpoint import LoadedModel
 from quill.models.classic.fairseq_dictionary import dictionary_tokenizer
 from quill.models.classic.literal_expression import literal_expression
-from quill.models.fconv import FConvConfig, FConvLanguageModel
+from quill.models.families.fconv import FConvConfig, FConvLanguageModel
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from quill.models.kernels.torch_ops import TORCH_OPS
-from quill.models.transformer import RMSNorm
+from quill.models.families.transformer import RMSNorm
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ import torch
 from quill.clients.bench import report as load_report
 from quill.clients.bench.runner import run_workload
 from quill.clients.bench.workload import build_requests
-from quill.models.checkpoint import BUNDLED_DIR, LoadedModel, load_checkpoint, resolve_device, resolve_dtype
+from quill.models.loading.checkpoint import BUNDLED_DIR, LoadedModel, load_checkpoint, resolve_device, resolve_dtype
 from quill.server.config import ServerConfig
 from quill.server.engine.core import CacheConfig, EngineCore
 

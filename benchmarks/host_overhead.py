@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from quill.models.checkpoint import LoadedModel
-from quill.models.scripted import ScriptedConfig, ScriptedModel
-from quill.models.tokenizer import Tokenizer
+from quill.models.loading.checkpoint import LoadedModel
+from quill.models.families.scripted import ScriptedConfig, ScriptedModel
+from quill.models.text.tokenizer import Tokenizer
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams

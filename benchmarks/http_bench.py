@@ -32,7 +32,7 @@ from quill.clients.bench import report as load_report
 from quill.clients.bench.runner import RunResult, run_workload
 from quill.clients.bench.workload import (BenchRequest, TargetModel, WorkloadSpec, build_requests, make_prompt,
                                           parse_mix, parse_range)
-from quill.models.checkpoint import LoadedModel, load_checkpoint, resolve_checkpoint_path
+from quill.models.loading.checkpoint import LoadedModel, load_checkpoint, resolve_checkpoint_path
 from quill.server.config import ServerConfig
 from quill.server.engine.core import EngineCore
 

@@ -16,8 +16,8 @@ import json
 
 import torch
 
-from quill.models.hf import config_from_hf
-from quill.models.mamba2 import Mamba2LanguageModel
+from quill.models.loading.hf import config_from_hf
+from quill.models.families.mamba2 import Mamba2LanguageModel
 
 from .common import prefill
 

@@ -1,5 +1,5 @@
 """What prefilling a long prompt costs a Mamba-1 model: Quill's step (the selective scan as a loop over the tokens,
-as a CPU runs it, and in chunks, as a GPU does: quill/models/mamba_scan.py) against transformers' full forward (its
+as a CPU runs it, and in chunks, as a GPU does: quill/models/families/mamba_scan.py) against transformers' full forward (its
 PyTorch fallback, mamba_ssm absent), on the same random weights of mamba-130m's shape.
 
     .venv/bin/python -m benchmarks.mamba_prefill                        # mamba-130m shape, 2,000 tokens
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from quill.models.hf import config_from_hf
-from quill.models.mamba import MambaLanguageModel
+from quill.models.loading.hf import config_from_hf
+from quill.models.families.mamba import MambaLanguageModel
 
 from .common import prefill
 

@@ -17,14 +17,9 @@ from unittest import mock
 
 import torch
 
-import quill.models.fconv
-import quill.models.gcnn
-import quill.models.lfm2
-import quill.models.mamba
-import quill.models.xlstm
-from quill import models
 from quill.models.batch import StepBatch
-from quill.models.registry import ARCHITECTURES
+from quill.models.families import fconv, gcnn, lfm2, mamba, xlstm
+from quill.models.families.registry import ARCHITECTURES
 from quill.models.state import new_model_state
 
 from .common.hardware import describe_machine, load_average
@@ -35,19 +30,19 @@ BLOCK_SIZE = 16  # LFM2's attention layers' K,V blocks
 # name -> (architecture, its config, the module whose step splits its parts: patched for the padded contender).
 # Small shapes of each family by default, so that all of them run in about a minute on 2 CPU cores.
 SHAPES = {
-    "gcnn": ("gcnn", dict(d_embed=256, d_model=256, n_blocks=4, layers_per_block=2, kernel_size=4), models.gcnn),
-    "fconv": ("fconv", dict(embed_dim=256, layers=[[256, 4, 1]] * 6, out_embed_dim=256), models.fconv),
-    "mamba": ("mamba", dict(d_model=256, n_layers=4, d_inner=512, dt_rank=16), models.mamba),
+    "gcnn": ("gcnn", dict(d_embed=256, d_model=256, n_blocks=4, layers_per_block=2, kernel_size=4), gcnn),
+    "fconv": ("fconv", dict(embed_dim=256, layers=[[256, 4, 1]] * 6, out_embed_dim=256), fconv),
+    "mamba": ("mamba", dict(d_model=256, n_layers=4, d_inner=512, dt_rank=16), mamba),
     "mamba2": ("mamba2", dict(hidden_size=256, num_layers=4, num_heads=8, head_dim=64, state_size=64),
-               models.mamba),
-    "xlstm": ("xlstm", dict(d_model=256, n_blocks=4, n_heads=4, chunk_size=64), models.xlstm),
+               mamba),
+    "xlstm": ("xlstm", dict(d_model=256, n_blocks=4, n_heads=4, chunk_size=64), xlstm),
     "lfm2": ("lfm2", dict(d_model=256, layer_types=["conv", "conv", "full_attention", "conv"], d_ff=768),
-             models.lfm2),
+             lfm2),
 }
 DEFAULT_MODELS = list(SHAPES)
 # On request only (--models): LFM2-350M's width and feed-forward, 4 conv and 2 attention layers.
 SHAPES["lfm2_1024"] = ("lfm2", dict(d_model=1024, layer_types=["conv", "conv", "full_attention"] * 2, n_heads=16,
-                                    n_kv_heads=8, d_ff=4608), models.lfm2)
+                                    n_kv_heads=8, d_ff=4608), lfm2)
 
 
 def padded_step(model, module, batch: StepBatch, state) -> torch.Tensor:

@@ -38,9 +38,9 @@ from pathlib import Path
 import torch
 
 from quill.clients.bench import report as load_report
-from quill.models.checkpoint import load_checkpoint, save_checkpoint
-from quill.models.scripted import ScriptedConfig, ScriptedModel
-from quill.models.tokenizer import Tokenizer
+from quill.models.loading.checkpoint import load_checkpoint, save_checkpoint
+from quill.models.families.scripted import ScriptedConfig, ScriptedModel
+from quill.models.text.tokenizer import Tokenizer
 from quill.server.engine.core import EngineCore
 
 from .common import quill_runs

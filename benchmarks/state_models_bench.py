@@ -56,7 +56,7 @@ import torch
 
 from quill.clients.bench.workload import TargetModel, WorkloadSpec, build_requests
 from quill.models.batch import StepBatch
-from quill.models.checkpoint import LoadedModel, load_checkpoint
+from quill.models.loading.checkpoint import LoadedModel, load_checkpoint
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 

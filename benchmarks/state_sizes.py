@@ -15,8 +15,8 @@ import argparse
 
 import torch
 
-from quill.models.hf import config_from_hf, family_of
-from quill.models.registry import ARCHITECTURES
+from quill.models.loading.hf import config_from_hf, family_of
+from quill.models.families.registry import ARCHITECTURES
 from quill.models.state import new_model_state, state_parts
 
 _MAMBA = dict(model_type="mamba", vocab_size=50280, state_size=16, expand=2, conv_kernel=4)

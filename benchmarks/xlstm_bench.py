@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from quill.models.batch import StepBatch
-from quill.models.hf import config_from_hf
-from quill.models.xlstm import XLSTMLanguageModel
+from quill.models.loading.hf import config_from_hf
+from quill.models.families.xlstm import XLSTMLanguageModel
 
 from .common.checkpoints import randomize_xlstm_gates
 from .common.hardware import describe_machine, load_average

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from quill.models.checkpoint import DTYPES, CheckpointError, load_checkpoint, save_checkpoint
+from quill.models.loading.checkpoint import DTYPES, CheckpointError, load_checkpoint, save_checkpoint
 
 from quill.clients.bench.cli import add_bench_parser
 from quill.clients.cli import add_client_parsers, run_guarded

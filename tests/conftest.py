@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from quill.clients.ready import wait_until_ready
-from quill.models.checkpoint import keep_float32_exact, save_checkpoint
-from quill.models.registry import ARCHITECTURES
-from quill.models.tokenizer import Tokenizer
+from quill.models.loading.checkpoint import keep_float32_exact, save_checkpoint
+from quill.models.families.registry import ARCHITECTURES
+from quill.models.text.tokenizer import Tokenizer
 from tests.tiny_tokenizers import (METASPACE_SPECIALS, TEXT, build_hf_tokenizer,  # noqa: F401 (tests import them here)
                                    build_metaspace_tokenizer)
 

@@ -80,7 +80,7 @@ def fake_cuda() -> Iterator[FakeTensorMode]:
 def fake_model(model_cls: type[nn.Module], config, dtype: torch.dtype = torch.float32,
                device: torch.device = CUDA) -> nn.Module:
     """`model_cls(config)` with fake weights in `dtype` on `device`, made as the loader makes a model: built on
-    the meta device, then weights assigned (quill/models/checkpoint.py). Call inside `fake_cuda()`.
+    the meta device, then weights assigned (quill/models/loading/checkpoint.py). Call inside `fake_cuda()`.
 
     A Transformer reads its cache through the SDPA backend with the eager layer ops, as with
     `--attention-backend sdpa --layer-ops torch`: CUDA's defaults are Triton kernels, which need real memory."""

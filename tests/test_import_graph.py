@@ -93,5 +93,5 @@ def test_no_import_circle_in_the_project():
     modules = project_modules()
     assert "quill.server.engine.core" in modules and "tests.conftest" in modules
     graph = {m: imports_of(m, path, modules) for m, path in modules.items()}
-    assert "quill.models.location" in graph["quill.models.checkpoint"]  # edges are read
+    assert "quill.models.loading.location" in graph["quill.models.loading.checkpoint"]  # edges are read
     assert cycles(graph) == []

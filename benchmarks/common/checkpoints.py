@@ -15,9 +15,9 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from quill.models.checkpoint import BUNDLED_DIR, LoadedModel, load_checkpoint
-from quill.models.registry import ARCHITECTURES
-from quill.models.tokenizer import Tokenizer
+from quill.models.loading.checkpoint import BUNDLED_DIR, LoadedModel, load_checkpoint
+from quill.models.families.registry import ARCHITECTURES
+from quill.models.text.tokenizer import Tokenizer
 
 EOS = "<|endoftext|>"  # id 0: the first special token
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from quill.clients.bench.workload import BenchRequest, TargetModel, WorkloadSpec, build_requests
-from quill.models.checkpoint import LoadedModel
+from quill.models.loading.checkpoint import LoadedModel
 from quill.server.config import ServerConfig
 
 from .gpu_settings import GpuBenchSettings, Shape

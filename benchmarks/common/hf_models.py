@@ -2,7 +2,7 @@
 
 Hugging Face GPT-2 and Llama directories load as they are. Our own Transformer checkpoints
 are rebuilt as the equivalent transformers class (Llama-style: `LlamaForCausalLM`, GPT-2-style:
-`GPT2LMHeadModel`) by running `quill/models/hf.py`'s name mapping in reverse; the logits of both are
+`GPT2LMHeadModel`) by running `quill/models/loading/hf.py`'s name mapping in reverse; the logits of both are
 compared once, so a wrong mapping cannot pass unnoticed. The state families (Mamba, Mamba-2, LFM2,
 xLSTM) load with transformers' own classes from their Hugging Face directories.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from quill.models.checkpoint import LoadedModel
+from quill.models.loading.checkpoint import LoadedModel
 
 GPT2_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 LLAMA_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_pytorch_tanh"}

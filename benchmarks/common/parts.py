@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 
 from quill.clients.bench.workload import TargetModel, WorkloadSpec, build_requests
-from quill.models.checkpoint import LoadedModel, load_checkpoint
+from quill.models.loading.checkpoint import LoadedModel, load_checkpoint
 from quill.server.hosting import RECURRENT_MAX_MODEL_LEN
 
 from . import hf_runs, quill_runs

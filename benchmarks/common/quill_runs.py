@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quill.models.batch import StepBatch
-from quill.models.checkpoint import LoadedModel
+from quill.models.loading.checkpoint import LoadedModel
 from quill.server.config import ServerConfig
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from quill.models.chat_template import ChatTemplate, ChatTemplateError
-from quill.models.checkpoint import LoadedModel, load_checkpoint, resolve_device
-from quill.models.location import locate
+from quill.models.text.chat_template import ChatTemplate, ChatTemplateError
+from quill.models.loading.checkpoint import LoadedModel, load_checkpoint, resolve_device
+from quill.models.loading.location import locate
 
 from .config import ServerConfig
 from .engine import (AsyncEngine, CacheConfig, CoreSpec, EngineConfig, EngineFrontend, EngineStartCancelled,

@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 
-from quill.models.checkpoint import CheckpointError
+from quill.models.loading.checkpoint import CheckpointError
 
 from .api.app import attach_host, create_app
 from .config import ServerConfig

@@ -15,7 +15,7 @@ from benchmarks.common.bandwidth_floor import decode_read_bytes, floor_ms_per_to
 from benchmarks.common.gpu_settings import SMOKE
 from benchmarks.common.server_process import with_serve_args
 from benchmarks.common.step_profile import busy_time, decode_budget, outermost, summarize_trace
-from quill.models.registry import ARCHITECTURES
+from quill.models.families.registry import ARCHITECTURES
 from quill.server.config import ServerConfig
 
 

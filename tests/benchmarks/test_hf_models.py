@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("transformers")
 
 from benchmarks.common.hf_models import hf_model_for, max_logit_difference
-from quill.models.checkpoint import load_checkpoint, save_checkpoint
+from quill.models.loading.checkpoint import load_checkpoint, save_checkpoint
 from tests.conftest import build_tiny_model
 
 

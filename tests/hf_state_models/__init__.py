@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from quill.models.batch import StepBatch
-from quill.models.checkpoint import CheckpointError, load_checkpoint
+from quill.models.loading.checkpoint import CheckpointError, load_checkpoint
 from quill.server.engine.core import EngineCore
 from quill.server.sampling import SamplingParams
 from tests.server.engine.helpers import run_to_completion

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quill.models.adaptive_softmax import AdaptiveSoftmax
+from quill.models.families.adaptive_softmax import AdaptiveSoftmax
 
 
 def layer(seed: int = 0, scale: float = 1.0) -> AdaptiveSoftmax:

@@ -10,9 +10,9 @@ from datetime import datetime
 import pytest
 import transformers
 
-from quill.models.chat_template import ChatTemplate, ChatTemplateError
-from quill.models.tokenizer import Tokenizer
-from quill.models.tokenizer_config import read_tokenizer_config
+from quill.models.text.chat_template import ChatTemplate, ChatTemplateError
+from quill.models.text.tokenizer import Tokenizer
+from quill.models.text.tokenizer_config import read_tokenizer_config
 from tests.hub_checkpoints import BUILDERS
 
 CONVERSATIONS = {

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from quill.models.checkpoint import CheckpointError, keep_float32_exact, load_checkpoint, save_checkpoint
-from quill.models.tokenizer import Tokenizer
+from quill.models.loading.checkpoint import CheckpointError, keep_float32_exact, load_checkpoint, save_checkpoint
+from quill.models.text.tokenizer import Tokenizer
 from tests.conftest import TEST_DEVICE, TINY_CONFIGS, build_hf_tokenizer, build_tiny_model
 
 V = 300

@@ -1,7 +1,7 @@
 """Every architecture's serving step on (fake) CUDA: no CPU tensor meets a CUDA one, in float32 and bfloat16.
 
 The models are ours (LSTM, gated CNN, Transformer) and every Hugging Face family's configuration read by
-quill/models/hf.py, with fake weights on CUDA (tests/fake_cuda.py), stepping through the real batch and state
+quill/models/loading/hf.py, with fake weights on CUDA (tests/fake_cuda.py), stepping through the real batch and state
 objects: paged K,V through the SDPA backend with the eager layer ops (Triton kernels need real memory).
 What fake tensors cannot run: an LSTM prefill (pack_padded_sequence sizes its output from the lengths'
 values), so LSTMs are stepped one token at a time here.
@@ -14,10 +14,10 @@ import torch
 
 from quill.models.attention.triton_backend import TritonPagedAttention
 from quill.models.batch import StepBatch
-from quill.models.hf import config_from_hf
-from quill.models.hf_families import FAMILIES
-from quill.models.lstm import LSTMLanguageModel
-from quill.models.registry import ARCHITECTURES
+from quill.models.loading.hf import config_from_hf
+from quill.models.loading.hf_families import FAMILIES
+from quill.models.families.lstm import LSTMLanguageModel
+from quill.models.families.registry import ARCHITECTURES
 from tests.conftest import TINY_CONFIGS
 from tests.fake_cuda import CUDA, assert_on_cuda, fake_cuda, fake_model, waiting_copies
 from tests.models.test_incremental import BLOCK_SIZE, Cache

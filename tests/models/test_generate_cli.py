@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from quill.models.checkpoint import save_checkpoint
+from quill.models.loading.checkpoint import save_checkpoint
 from tests.conftest import build_tiny_model
 
 

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from quill.models.checkpoint import CheckpointError, load_checkpoint
-from quill.models.generation_config import read_generation_config
+from quill.models.loading.checkpoint import CheckpointError, load_checkpoint
+from quill.models.loading.generation_config import read_generation_config
 
 LLAMA = "quill-test/tiny-llama-chat"
 

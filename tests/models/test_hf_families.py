@@ -9,10 +9,10 @@ import copy
 import pytest
 import torch
 
-from quill.models import hf
+from quill.models.loading import hf
 from quill.models.batch import StepBatch
-from quill.models.checkpoint import load_checkpoint
-from quill.models.hf_families import FAMILIES
+from quill.models.loading.checkpoint import load_checkpoint
+from quill.models.loading.hf_families import FAMILIES
 from tests.conftest import TEST_DEVICE, on_test_device
 from tests.hub_checkpoints import BUILDERS, V
 

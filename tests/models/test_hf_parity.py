@@ -8,7 +8,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from quill.models.batch import StepBatch
-from quill.models.checkpoint import load_checkpoint
+from quill.models.loading.checkpoint import load_checkpoint
 from tests.conftest import TEST_DEVICE, build_hf_tokenizer
 
 V = 300

@@ -8,11 +8,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from quill.models import hf
+from quill.models.loading import hf
 from quill.models.batch import StepBatch
-from quill.models.checkpoint import load_checkpoint
-from quill.models.hf_families import FAMILIES
-from quill.models.lfm2 import Lfm2LanguageModel
+from quill.models.loading.checkpoint import load_checkpoint
+from quill.models.loading.hf_families import FAMILIES
+from quill.models.families.lfm2 import Lfm2LanguageModel
 from quill.models.state import HybridState
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig

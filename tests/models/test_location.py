@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from quill.models.checkpoint import CheckpointError, load_checkpoint
-from quill.models.location import BUNDLED_DIR, HUB_FILES, hub_cache_dir, is_hub_id, locate
+from quill.models.loading.checkpoint import CheckpointError, load_checkpoint
+from quill.models.loading.location import BUNDLED_DIR, HUB_FILES, hub_cache_dir, is_hub_id, locate
 from tests.hub_checkpoints import COMMIT, snapshot_dir
 
 LLAMA = "quill-test/tiny-llama-chat"

@@ -13,10 +13,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from quill.models.batch import StepBatch
-from quill.models.checkpoint import load_checkpoint
-from quill.models.hf import config_from_hf
-from quill.models.mamba import MambaConfig, MambaLanguageModel
-from quill.models.mamba_scan import chunk_length, selective_scan
+from quill.models.loading.checkpoint import load_checkpoint
+from quill.models.loading.hf import config_from_hf
+from quill.models.families.mamba import MambaConfig, MambaLanguageModel
+from quill.models.families.mamba_scan import chunk_length, selective_scan
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams

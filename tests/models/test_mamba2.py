@@ -13,9 +13,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from quill.models.batch import StepBatch
-from quill.models.checkpoint import load_checkpoint
-from quill.models import mamba2
-from quill.models.mamba2 import GatedRMSNorm, Mamba2Config, Mamba2LanguageModel
+from quill.models.loading.checkpoint import load_checkpoint
+from quill.models.families import mamba2
+from quill.models.families.mamba2 import GatedRMSNorm, Mamba2Config, Mamba2LanguageModel
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams

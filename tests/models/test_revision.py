@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from quill.models.checkpoint import CheckpointError, load_checkpoint
-from quill.models.location import HUB_FILES, locate
+from quill.models.loading.checkpoint import CheckpointError, load_checkpoint
+from quill.models.loading.location import HUB_FILES, locate
 from quill.cli import main
 from tests.hub_checkpoints import snapshot_dir, write_revisions
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quill.models.ssd import ssd_chunked, ssd_step
+from quill.models.families.ssd import ssd_chunked, ssd_step
 
 
 def inputs(t: int, heads: int = 6, groups: int = 3, head_dim: int = 4, d_state: int = 5, batch: int = 2,

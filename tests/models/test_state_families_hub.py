@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from quill.models.checkpoint import load_checkpoint
+from quill.models.loading.checkpoint import load_checkpoint
 from tests.hf_state_models import VOCAB
 from tests.hub_checkpoints import COMMIT, new_snapshot
 

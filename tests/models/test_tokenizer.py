@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from quill.models.tokenizer import CONTEXT_TOKENS, IncrementalDecoder, Tokenizer, context_ids
+from quill.models.text.tokenizer import CONTEXT_TOKENS, IncrementalDecoder, Tokenizer, context_ids
 from tests.conftest import build_hf_tokenizer, build_metaspace_tokenizer
 
 TOKENIZERS = {

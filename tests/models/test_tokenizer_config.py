@@ -8,8 +8,8 @@ import json
 import pytest
 import transformers
 
-from quill.models.checkpoint import load_checkpoint
-from quill.models.tokenizer_config import read_tokenizer_config
+from quill.models.loading.checkpoint import load_checkpoint
+from quill.models.text.tokenizer_config import read_tokenizer_config
 from tests.conftest import TEXT
 from tests.hub_checkpoints import BUILDERS, GEMMA_RAG_TEMPLATE, GEMMA_TEMPLATE, LLAMA3_TEMPLATE
 

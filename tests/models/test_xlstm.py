@@ -10,8 +10,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from quill.models.batch import StepBatch
-from quill.models.checkpoint import load_checkpoint
-from quill.models.hf import config_from_hf
+from quill.models.loading.checkpoint import load_checkpoint
+from quill.models.loading.hf import config_from_hf
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams
@@ -177,7 +177,7 @@ def test_copied_state_continues_like_a_fresh_prefill(model):
 
 
 def test_bfloat16_model_keeps_a_float32_state():
-    from quill.models.xlstm import XLSTMConfig, XLSTMLanguageModel
+    from quill.models.families.xlstm import XLSTMConfig, XLSTMLanguageModel
 
     torch.manual_seed(0)
     model = XLSTMLanguageModel(XLSTMConfig(vocab_size=V, d_model=64, n_blocks=1, n_heads=2)).to(torch.bfloat16)
@@ -246,7 +246,7 @@ def test_unsupported_options_are_refused(changes, words):
 
 
 def test_the_7b_shape_reads_with_transformers_defaults_and_its_state_size():
-    from quill.models.xlstm import XLSTMLanguageModel
+    from quill.models.families.xlstm import XLSTMLanguageModel
 
     config, _ = config_from_hf({"model_type": "xlstm", "embedding_dim": 4096, "num_blocks": 32,
                                 "chunkwise_kernel": "chunkwise--triton_xl_chunk", "step_kernel": "triton"})

@@ -12,11 +12,11 @@ import pytest
 import torch
 import transformers
 
-from quill.models.chat_template import ChatTemplate
-from quill.models import location
-from quill.models.checkpoint import CheckpointError, load_checkpoint
-from quill.models.location import BUNDLED_DIR
-from quill.models.tokenizer_config import read_tokenizer_config
+from quill.models.text.chat_template import ChatTemplate
+from quill.models.loading import location
+from quill.models.loading.checkpoint import CheckpointError, load_checkpoint
+from quill.models.loading.location import BUNDLED_DIR
+from quill.models.text.tokenizer_config import read_tokenizer_config
 from quill.server.api.app import create_app
 from quill.server.config import DEFAULT_MODELS, ServerConfig, add_serve_arguments, config_from_args
 from quill.server.engine.process_engine import ProcessEngine

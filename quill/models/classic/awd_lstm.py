@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from quill.models.errors import CheckpointError
-from quill.models.lstm import LSTMConfig, LSTMLanguageModel
+from quill.models.loading.errors import CheckpointError
+from quill.models.families.lstm import LSTMConfig, LSTMLanguageModel
 
 from .fastai_text import MARKERS, UNK, FastaiTokenizer
 from .formats import (ClassicFormat, Converted, find_model_file, is_tied, load_weights, output_layer,

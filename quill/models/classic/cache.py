@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from quill.models.saving import save_checkpoint
+from quill.models.loading.saving import save_checkpoint
 
 from .conversion import convert, find_format
 from .formats import ClassicFormat

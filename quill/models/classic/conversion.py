@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from quill.models.errors import CheckpointError
+from quill.models.loading.errors import CheckpointError
 
 from . import awd_lstm, fairseq_fconv, word_language_model
 from .formats import ClassicFormat, Converted

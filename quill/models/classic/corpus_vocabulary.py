@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quill.models.errors import CheckpointError
+from quill.models.loading.errors import CheckpointError
 
 SPLITS = ("train.txt", "valid.txt", "test.txt")  # the order data.Corpus reads them in
 LINE_END = "<eos>"  # what data.Corpus appends to every line

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from tokenizers import normalizers, processors
 
-from quill.models.errors import CheckpointError
-from quill.models.tokenizer import Tokenizer
+from quill.models.loading.errors import CheckpointError
+from quill.models.text.tokenizer import Tokenizer
 
 from .word_tokenizer import word_tokenizer
 

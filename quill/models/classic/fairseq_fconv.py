@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from quill.models.errors import CheckpointError
-from quill.models.fconv import FConvConfig, FConvLanguageModel
+from quill.models.loading.errors import CheckpointError
+from quill.models.families.fconv import FConvConfig, FConvLanguageModel
 
 from .fairseq_dictionary import dictionary_tokenizer, pad_dictionary, read_dictionary
 from .formats import ClassicFormat, Converted, load_weights

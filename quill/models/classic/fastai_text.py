@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from quill.models.tokenizer import Tokenizer
+from quill.models.text.tokenizer import Tokenizer
 
 UNK, PAD, BOS, EOS, FLD, MAJ, UP, REP, WREP = ("xxunk", "xxpad", "xxbos", "xxeos", "xxfld", "xxmaj", "xxup",
                                                "xxrep", "xxwrep")

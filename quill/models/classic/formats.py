@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from quill.models.errors import CheckpointError
-from quill.models.tokenizer import Tokenizer
+from quill.models.loading.errors import CheckpointError
+from quill.models.text.tokenizer import Tokenizer
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from quill.models.errors import CheckpointError
+from quill.models.loading.errors import CheckpointError
 
 _REFUSED = re.compile(r"GLOBAL ([\w.]+)")  # how torch's weights-only unpickler names a class it refused
 _UNPICKLER_SAYS = re.compile(r"WeightsUnpickler error: \s*(.+)")  # its reason, after its advice

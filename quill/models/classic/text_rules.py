@@ -3,7 +3,7 @@ metadata gives them (`text_rules`); load_checkpoint wraps the tokenizer it read 
 
 from __future__ import annotations
 
-from quill.models.tokenizer import Tokenizer
+from quill.models.text.tokenizer import Tokenizer
 
 from .fastai_text import FastaiTokenizer
 

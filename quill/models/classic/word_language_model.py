@@ -8,7 +8,7 @@ they are read as inert records (`restricted_pickle`) and only their tensors and 
 by its gate rows (LSTM 4*H, GRU 3*H, RNN H) but not an RNN's tanh or relu, nor a Transformer's number of heads:
 those need the format named (`word_language_model_rnn_tanh` / `_rnn_relu`, `word_language_model_nhead4`).
 
-`TransformerModel` becomes Quill's Transformer in the original layout (quill/models/transformer.py): embeddings
+`TransformerModel` becomes Quill's Transformer in the original layout (quill/models/families/transformer.py): embeddings
 scaled by sqrt(d_model), fixed sinusoidal positions (the stored `pe` table is checked, then computed per
 step), nn.TransformerEncoderLayer's post-norm LayerNorm blocks with a ReLU MLP, no final norm, and the
 decoder's bias on the logits. Its log_softmax is the server's.
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from quill.models.errors import CheckpointError
-from quill.models.lstm import LSTMConfig, LSTMLanguageModel
-from quill.models.transformer import TransformerConfig, TransformerLanguageModel, sinusoidal_positions
+from quill.models.loading.errors import CheckpointError
+from quill.models.families.lstm import LSTMConfig, LSTMLanguageModel
+from quill.models.families.transformer import TransformerConfig, TransformerLanguageModel, sinusoidal_positions
 
 from .corpus_vocabulary import LINE_END, SPLITS, read_vocabulary, vocabulary_source
 from .formats import (ClassicFormat, Converted, find_model_file, is_tied, load_weights, output_layer,

@@ -18,7 +18,7 @@ from tokenizers import AddedToken, Regex, decoders, normalizers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
-from quill.models.tokenizer import Tokenizer
+from quill.models.text.tokenizer import Tokenizer
 
 _NO_PREFIX = "\u0000"  # WordPiece's continuation prefix, which no word starts with: every word gets its space
 

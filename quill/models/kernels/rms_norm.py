@@ -3,7 +3,7 @@
 `rms_norm(x, weight, eps)` normalises each row; given `residual`, the kernel first adds x into it
 and returns the normalised sum with the sum itself (the new residual stream): one read of each input
 and one write of each output, where eager PyTorch runs about eight kernels. The rounding follows the
-reference (quill/models/transformer.py): the sum is rounded to the input dtype before it is normalised,
+reference (quill/models/families/transformer.py): the sum is rounded to the input dtype before it is normalised,
 the normalisation runs in float32, and plain RMSNorm rounds before scaling by the weight while
 Gemma's (1 + w) variant scales in float32 and rounds once.
 

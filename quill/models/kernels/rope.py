@@ -1,7 +1,7 @@
 """Rotary position embeddings of q and k in one Triton kernel (rotate-half convention).
 
 One program per token rotates all its query and key heads. The cos/sin tables are the model's
-(quill/models/transformer.py `rope_tables`), with any long-context rescaling already in their
+(quill/models/families/transformer.py `rope_tables`), with any long-context rescaling already in their
 frequencies, so the kernel knows nothing of it; their two halves are equal, so it reads the first.
 It computes in float32 and rounds once, where eager PyTorch rounds each product and the sum.
 """

@@ -5,10 +5,10 @@ Eager PyTorch gathers the step's slots into a copy, updates the copy in four to 
 full pass over the state, in float32) and scatters it back: at 256 sequences of a 1.3B Mamba-2 that is some ten
 passes over 26 GB of state per step, 117 ms on an H200, where reading and writing it once takes about 12 ms.
 These kernels read each sequence's state once and write it once, with the same float32 arithmetic as the eager steps they replace:
-- `mamba_step_`: Mamba-1 (quill/models/mamba_scan.py `scan_step`): a decay per channel and state index; and
+- `mamba_step_`: Mamba-1 (quill/models/families/mamba_scan.py `scan_step`): a decay per channel and state index; and
   `mamba_scan_`, its prefill: many tokens per row, the state in registers throughout;
-- `ssd_step_`: Mamba-2 (quill/models/ssd.py `ssd_step`): a decay per head, B and C shared by a group of heads;
-- `mlstm_step_`: xLSTM's mLSTM (quill/models/mlstm.py `step`): the matrix memory C updated in place; n and m, small,
+- `ssd_step_`: Mamba-2 (quill/models/families/ssd.py `ssd_step`): a decay per head, B and C shared by a group of heads;
+- `mlstm_step_`: xLSTM's mLSTM (quill/models/families/mlstm.py `step`): the matrix memory C updated in place; n and m, small,
   come back as new tensors for the caller to store (every program of a head reads the old ones).
 
 The slots are a device tensor and nothing is read back to the host, so the steps can be captured in CUDA graphs.
@@ -55,7 +55,7 @@ def mamba_scan_(state: torch.Tensor, slots: torch.Tensor, u: torch.Tensor, dt: t
     """Mamba-1's scan over Q tokens per row from the state in its slot: u, dt (R, Q, d); A (d, N); B, C (R, Q, N)
     -> y (R, Q, d); the state after the last token written into the slot. A token with dt 0 (padding) leaves the
     state as it was. Each program keeps its channels' state in registers for the whole scan: one read and one
-    write of the state, where quill/models/mamba_scan.py's chunked scan makes some 2 sqrt(Q) rounds of eager kernels."""
+    write of the state, where quill/models/families/mamba_scan.py's chunked scan makes some 2 sqrt(Q) rounds of eager kernels."""
     rows, num_tokens, d_inner = u.shape
     N = A.shape[-1]
     if state.stride(-1) != 1 or state.dtype != torch.float32:

@@ -48,7 +48,7 @@ class TritonLayerOps:
     @staticmethod
     def _fuses(x: torch.Tensor, norm: nn.Module) -> bool:
         """Whether the kernel covers `norm`: an RMSNorm, which says by `unit_offset` whether it scales by (1 + w)
-        (quill/models/transformer.py), with weights in x's dtype. (A getattr, not a runtime Protocol check: this runs
+        (quill/models/families/transformer.py), with weights in x's dtype. (A getattr, not a runtime Protocol check: this runs
         several times per layer, and isinstance against a Protocol costs tens of microseconds.)"""
         return getattr(norm, "unit_offset", None) is not None and norm.weight.dtype == x.dtype
 

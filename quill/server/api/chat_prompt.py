@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quill.models.chat_template import ChatTemplateError
+from quill.models.text.chat_template import ChatTemplateError
 from quill.server.hosting import HostedModel
 
 from .chat_schemas import ChatMessage, ChatTemplateOptions

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 
-from quill.models.tokenizer import IncrementalDecoder
+from quill.models.text.tokenizer import IncrementalDecoder
 from quill.server import __version__
 from quill.server.config import ServerConfig
 from quill.server.engine import CompletionOutput, TokenLogprob

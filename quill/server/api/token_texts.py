@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from quill.models.tokenizer import IncrementalDecoder, Tokenizer
+from quill.models.text.tokenizer import IncrementalDecoder, Tokenizer
 from quill.server.engine import TokenLogprob
 
 

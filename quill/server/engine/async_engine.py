@@ -12,7 +12,7 @@ import logging
 import threading
 from collections import deque
 
-from quill.models.checkpoint import LoadedModel
+from quill.models.loading.checkpoint import LoadedModel
 
 from .core import EngineConfig, EngineCore
 from .core_loop import CoreLoop

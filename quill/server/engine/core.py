@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from quill.models.checkpoint import LoadedModel
+from quill.models.loading.checkpoint import LoadedModel
 from quill.server.sampling import SamplingParams, new_generator
 
 from quill.server.structured import GrammarCompiler

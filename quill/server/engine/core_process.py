@@ -21,8 +21,8 @@ import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from quill.models.checkpoint import load_checkpoint
-from quill.models.location import ModelLocation
+from quill.models.loading.checkpoint import load_checkpoint
+from quill.models.loading.location import ModelLocation
 
 from .core import EngineConfig, EngineCore
 from .core_loop import CoreLoop

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from quill.models.tokenizer import IncrementalDecoder, Tokenizer
+from quill.models.text.tokenizer import IncrementalDecoder, Tokenizer
 from quill.server.sampling import StopChecker
 
 from .outputs import CompletionOutput, RequestOutput, TokenLogprob

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
-from quill.models.tokenizer import Tokenizer
+from quill.models.text.tokenizer import Tokenizer
 from quill.server.sampling.structured import StructuredOutput
 
 from .grammar_source import GrammarError, grammar_text

@@ -14,7 +14,7 @@ import re
 
 from llguidance import LLTokenizer, TokenizerWrapper
 
-from quill.models.tokenizer import Tokenizer
+from quill.models.text.tokenizer import Tokenizer
 
 from .grammar_source import GrammarError
 

@@ -22,7 +22,7 @@ def test_auto_is_sdpa_on_the_cpu_and_caches_carry_their_backend():
 
 
 def test_load_checkpoint_chooses_the_backend(tmp_path, tiny_tokenizer):
-    from quill.models.checkpoint import load_checkpoint, save_checkpoint
+    from quill.models.loading.checkpoint import load_checkpoint, save_checkpoint
 
     arch, model = build_tiny_model("transformer-llama", tiny_tokenizer.vocab_size, device="cpu")
     path = save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32)

@@ -9,11 +9,11 @@ import pickle
 import pytest
 import torch
 
-from quill.models.checkpoint import load_checkpoint
+from quill.models.loading.checkpoint import load_checkpoint
 from quill.models.classic.fastai_text import fastai_text, fastai_tokens
 from quill.models.classic.conversion import convert
-from quill.models.errors import CheckpointError
-from quill.models.tokenizer import IncrementalDecoder
+from quill.models.loading.errors import CheckpointError
+from quill.models.text.tokenizer import IncrementalDecoder
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from quill.models.classic.cache import converted_checkpoint
-from quill.models.location import locate
+from quill.models.loading.location import locate
 from tests.models.classic.wlm_checkpoints import build_rnn_model, save_whole, write_corpus
 
 

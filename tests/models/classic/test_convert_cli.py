@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from quill.models.checkpoint import load_checkpoint
+from quill.models.loading.checkpoint import load_checkpoint
 from quill.cli import main
 from tests.models.classic.wlm_checkpoints import build_rnn_model, reference_logits, save_whole, write_corpus
 from tests.models.test_generate_cli import run_quill

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from quill.models.classic.fairseq_dictionary import pad_dictionary, read_dictionary
-from quill.models.errors import CheckpointError
+from quill.models.loading.errors import CheckpointError
 
 
 def write(tmp_path, text):

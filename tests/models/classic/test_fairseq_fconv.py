@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from quill.models.batch import StepBatch
-from quill.models.checkpoint import load_checkpoint, save_checkpoint
+from quill.models.loading.checkpoint import load_checkpoint, save_checkpoint
 from quill.models.classic import fairseq_fconv
 from quill.models.classic.conversion import convert, find_format
-from quill.models.errors import CheckpointError
+from quill.models.loading.errors import CheckpointError
 from tests.models.classic.fairseq_fconv_reference import TINY_VOCAB, write_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm. is deprecated:FutureWarning")

@@ -6,7 +6,7 @@ import openai
 import pytest
 import torch
 
-from quill.models.checkpoint import save_checkpoint
+from quill.models.loading.checkpoint import save_checkpoint
 from quill.models.classic import fairseq_fconv
 from tests.conftest import LiveServer
 from tests.models.classic.fairseq_fconv_reference import write_checkpoint

@@ -8,9 +8,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from quill.models.checkpoint import load_checkpoint
+from quill.models.loading.checkpoint import load_checkpoint
 from quill.models.classic.conversion import convert
-from quill.models.errors import CheckpointError
+from quill.models.loading.errors import CheckpointError
 from tests.models.classic.wlm_checkpoints import build_rnn_model, save_whole, write_corpus
 
 EVIL_PY = '''

@@ -7,10 +7,10 @@ import sys
 import pytest
 import torch
 
-from quill.models.checkpoint import load_checkpoint
+from quill.models.loading.checkpoint import load_checkpoint
 from quill.models.classic.corpus_vocabulary import corpus_words
 from quill.models.classic.conversion import convert
-from quill.models.errors import CheckpointError
+from quill.models.loading.errors import CheckpointError
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams

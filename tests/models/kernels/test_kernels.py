@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("triton", reason="needs the triton package (the test extra installs it on Linux x86-64)")
 
 from quill.models.kernels.torch_ops import TORCH_OPS  # noqa: E402
-from quill.models.transformer import RMSNorm, UnitOffsetRMSNorm  # noqa: E402
+from quill.models.families.transformer import RMSNorm, UnitOffsetRMSNorm  # noqa: E402
 from tests.conftest import KERNEL_DEVICE  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if KERNEL_DEVICE.type == "cuda" else [])

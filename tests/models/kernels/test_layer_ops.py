@@ -12,7 +12,7 @@ import torch
 
 from quill.models.batch import StepBatch
 from quill.models.kernels import TORCH_OPS, select_layer_ops
-from quill.models.registry import ARCHITECTURES
+from quill.models.families.registry import ARCHITECTURES
 from tests.conftest import KERNEL_DEVICE, build_tiny_model
 
 V = 300
@@ -25,7 +25,7 @@ def test_auto_is_torch_on_the_cpu_and_models_start_with_torch():
 
 
 def test_load_checkpoint_chooses_the_layer_ops(tmp_path, tiny_tokenizer):
-    from quill.models.checkpoint import load_checkpoint, save_checkpoint
+    from quill.models.loading.checkpoint import load_checkpoint, save_checkpoint
 
     arch, model = build_tiny_model("transformer-llama", tiny_tokenizer.vocab_size, device="cpu")
     path = save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32)

@@ -10,9 +10,9 @@ import torch
 
 pytest.importorskip("triton", reason="needs the triton package (the test extra installs it on Linux x86-64)")
 
-from quill.models import mlstm  # noqa: E402
-from quill.models.mamba_scan import scan_step, selective_scan  # noqa: E402
-from quill.models.ssd import ssd_step  # noqa: E402
+from quill.models.families import mlstm  # noqa: E402
+from quill.models.families.mamba_scan import scan_step, selective_scan  # noqa: E402
+from quill.models.families.ssd import ssd_step  # noqa: E402
 from tests.conftest import KERNEL_DEVICE  # noqa: E402
 
 SLOTS = [4, 0, 2]  # three rows in slots out of order; slots 1, 3 and 5 belong to nobody this step
@@ -128,7 +128,7 @@ def test_a_models_decode_steps_through_the_kernels_match_its_eager_steps(arch, m
     offers the kernels only on CUDA; here it is told to offer them, and they run in the interpreter.)"""
     from quill.models import kernels as kernel_router
     from quill.models.batch import StepBatch
-    from quill.models.registry import ARCHITECTURES
+    from quill.models.families.registry import ARCHITECTURES
 
     config_cls, model_cls = ARCHITECTURES[arch]
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from quill.models.checkpoint import BUNDLED_DIR
+from quill.models.loading.checkpoint import BUNDLED_DIR
 from quill.server.config import DEFAULT_MODELS
 from tests.conftest import LiveServer
 from tests.server.api.playground_page import PlaygroundPage, missing_browser, start_browser

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import transformers
 
-from quill.models.chat_template import ChatTemplate
+from quill.models.text.chat_template import ChatTemplate
 from quill.server.api.app import create_app
 from quill.server.config import ServerConfig
 from quill.server.hosting import ModelHost

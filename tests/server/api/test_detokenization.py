@@ -16,8 +16,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from quill.models.checkpoint import save_checkpoint
-from quill.models.tokenizer import Tokenizer
+from quill.models.loading.checkpoint import save_checkpoint
+from quill.models.text.tokenizer import Tokenizer
 from quill.server.api.app import create_app
 from quill.server.hosting import ModelHost
 from tests.conftest import build_hf_tokenizer, build_metaspace_tokenizer, build_scripted_transformer

@@ -52,7 +52,7 @@ def client(server):
 
 
 def tokenizer_of(served, name):
-    from quill.models.checkpoint import load_checkpoint
+    from quill.models.loading.checkpoint import load_checkpoint
 
     return load_checkpoint(served[name][1], device="cpu", dtype="float32", weights=False).tokenizer
 

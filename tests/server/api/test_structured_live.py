@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from quill.models.checkpoint import BUNDLED_DIR
+from quill.models.loading.checkpoint import BUNDLED_DIR
 from tests.server.api.conftest import LiveServer
 
 QWEN = "quill-test/tiny-qwen2"

@@ -39,8 +39,8 @@ def scripted_engine(tokenizer, state_kind: str = "paged_kv", logits_fn=None, max
     """An engine over `ScriptedModel`: no model compute, logits chosen by `logits_fn` (or a fixed table)."""
     import torch
 
-    from quill.models.checkpoint import LoadedModel
-    from quill.models.scripted import ScriptedConfig, ScriptedModel
+    from quill.models.loading.checkpoint import LoadedModel
+    from quill.models.families.scripted import ScriptedConfig, ScriptedModel
     from quill.server.engine.core import CacheConfig, EngineConfig
     from quill.server.engine.scheduler import SchedulerConfig
 

@@ -17,7 +17,7 @@ import threading
 import pytest
 import torch
 
-from quill.models.checkpoint import LoadedModel, resolve_device
+from quill.models.loading.checkpoint import LoadedModel, resolve_device
 from quill.server.engine import memory
 from quill.server.engine.runner import read_out
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore

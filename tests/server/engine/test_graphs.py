@@ -14,8 +14,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from quill.models.checkpoint import LoadedModel
-from quill.models.scripted import ScriptedConfig, ScriptedModel
+from quill.models.loading.checkpoint import LoadedModel
+from quill.models.families.scripted import ScriptedConfig, ScriptedModel
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams

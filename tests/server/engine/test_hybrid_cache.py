@@ -101,7 +101,7 @@ def test_a_prompts_blocks_are_hashed_once_for_both_kinds(monkeypatch):
 
 
 def test_layout_allocates_both_and_locates_each_sequences_share():
-    from quill.models.scripted import ScriptedConfig, ScriptedModel
+    from quill.models.families.scripted import ScriptedConfig, ScriptedModel
     from quill.models.batch import StepBatch
 
     model = ScriptedModel(ScriptedConfig(50, state_kind="hybrid"))
@@ -139,7 +139,7 @@ def test_engine_serves_a_hybrid_model_like_the_others(tiny_tokenizer):
 def test_a_hybrids_blocks_take_the_cache_bytes_its_slots_leave():
     """plan_state: every sequence a slot, snapshots_per_seq snapshots each, and K,V blocks in what --cache-bytes
     leaves beside those slots (and the graphs' spare one): the two kinds never share more than the budget."""
-    from quill.models.scripted import ScriptedConfig, ScriptedModel
+    from quill.models.families.scripted import ScriptedConfig, ScriptedModel
     from quill.models.state import state_parts
     from quill.server.engine.core import CacheConfig
     from quill.server.engine.scheduler import SchedulerConfig

@@ -141,7 +141,7 @@ def test_graph_memory_is_measured_only_when_graphs_are_captured(monkeypatch):
 
 def test_a_hybrid_models_profiling_steps_run_on_its_blocks_and_slots(monkeypatch, tmp_path):
     """LFM2 (conv slots beside attention K,V): both profiling steps get a state of both kinds and score every row."""
-    from quill.models.checkpoint import load_checkpoint
+    from quill.models.loading.checkpoint import load_checkpoint
     from tests.hf_state_models.lfm2 import V, save_tiny
 
     save_tiny(tmp_path)

@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 
-from quill.models.checkpoint import load_checkpoint
+from quill.models.loading.checkpoint import load_checkpoint
 from quill.server.engine.async_engine import AsyncEngine
 from quill.server.engine.core import CacheConfig, EngineConfig
 from quill.server.engine.core_process import CoreSpec

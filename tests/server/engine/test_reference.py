@@ -11,7 +11,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from quill.models.checkpoint import load_checkpoint
+from quill.models.loading.checkpoint import load_checkpoint
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams

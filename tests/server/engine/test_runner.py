@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quill.models.checkpoint import LoadedModel
-from quill.models.scripted import ScriptedConfig, ScriptedModel
+from quill.models.loading.checkpoint import LoadedModel
+from quill.models.families.scripted import ScriptedConfig, ScriptedModel
 from quill.server.engine.cache_table import CacheTable
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig

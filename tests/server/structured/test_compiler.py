@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from quill.models.classic.word_tokenizer import word_tokenizer
-from quill.models.tokenizer import Tokenizer
+from quill.models.text.tokenizer import Tokenizer
 from quill.server.sampling import StructuredOutput
 from quill.server.structured import GrammarCompiler, GrammarError
 from quill.server.structured.matcher import bitmask_words

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from quill.models.checkpoint import LoadedModel
+from quill.models.loading.checkpoint import LoadedModel
 from quill.models.host_copy import to_device
 from quill.server.sampling.table import RowFlags, SamplingTable
 

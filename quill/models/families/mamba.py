@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import kernels
-from .batch import StepBatch, run_by_parts, split_decodes
+from .. import kernels
+from ..batch import StepBatch, run_by_parts, split_decodes
+from ..state import SlotState
 from .mamba_scan import scan_step, selective_scan
 from .slot_model import SlotLanguageModel
-from .state import SlotState
 from .transformer import RMSNorm, rms_normalise
 
 ACTIVATIONS = ("silu", "swish")  # the convolution's activation: the only one Quill runs

@@ -18,17 +18,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..attention import select_attention_backend
+from ..families.registry import ARCHITECTURES
+from ..kernels import select_layer_ops
+from ..state import holds_kv
+from ..text.tokenizer import Tokenizer
+from ..text.tokenizer_config import read_tokenizer_config
 from . import hf
-from .attention import select_attention_backend
-from .kernels import select_layer_ops
 from .errors import CheckpointError, read_json_object
 from .generation_config import read_generation_config
 from .location import BUNDLED_DIR, ModelLocation, locate
 from .saving import CONFIG_FILE, TOKENIZER_FILE, save_checkpoint
-from .registry import ARCHITECTURES
-from .state import holds_kv
-from .tokenizer import Tokenizer
-from .tokenizer_config import read_tokenizer_config
 from .weights import WEIGHTS_FILE, has_weights, open_weights, read_weights
 
 # BUNDLED_DIR, CheckpointError and save_checkpoint live in their own modules and are imported from here too.
@@ -226,7 +226,7 @@ def load_checkpoint(
     tokenizer_config = read_tokenizer_config(path)
     tokenizer = _read_tokenizer(path / TOKENIZER_FILE, eos_ids, config.vocab_size)
     if metadata.get("text_rules"):  # a classic toolkit's rules around the vocabulary (fastai's case markers)
-        from .classic.text_rules import with_text_rules
+        from ..classic.text_rules import with_text_rules
 
         try:
             tokenizer = with_text_rules(metadata["text_rules"], tokenizer)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .errors import CheckpointError
 
-BUNDLED_DIR = Path(__file__).parent / "checkpoints"  # the default models that ship with Quill
+BUNDLED_DIR = Path(__file__).parent.parent / "checkpoints"  # the default models that ship with Quill
 
 # What Quill reads of a snapshot: configs, tokenizer, weights and chat templates. Weights are
 # model.safetensors or its shards only: never pickles, nor the duplicate consolidated.safetensors
@@ -137,7 +137,7 @@ def locate(name_or_path: str | Path, revision: str | None = None) -> ModelLocati
         raise ValueError(f"revision {revision} was asked for, but {spec} is not a Hugging Face hub id (only hub "
                          "ids have revisions)")
     if path.is_file() or (path.is_dir() and not (path / "config.json").exists()):
-        from .classic.cache import converted_checkpoint  # loads the classic formats only for such paths
+        from ..classic.cache import converted_checkpoint  # loads the classic formats only for such paths
 
         converted = converted_checkpoint(path)
         if converted is not None:

@@ -22,10 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import kernels, mlstm
-from .batch import StepBatch, run_by_parts, split_decodes
+from .. import kernels
+
+from ..batch import StepBatch, run_by_parts, split_decodes
+from ..state import SlotState
+from . import mlstm
 from .slot_model import SlotLanguageModel
-from .state import SlotState
 from .transformer import rms_normalise
 
 WEIGHT_MODES = ("single", "fused")  # q, k, v, gates as separate matrices or concatenated ones

@@ -12,8 +12,8 @@ from abc import ABC, abstractmethod
 import torch
 from torch import nn
 
-from .batch import StepBatch
-from .state import SlotState
+from ..batch import StepBatch
+from ..state import SlotState
 
 
 class SlotLanguageModel(nn.Module, ABC):

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from .batch import StepBatch
-from .state import SlotState
+from ..batch import StepBatch
+from ..state import SlotState
 
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 

@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import select_attention_backend
-from .batch import StepBatch, run_by_parts, split_decodes
-from .kernels import TORCH_OPS, LayerOps
-from .rope_config import read_rope
-from .state import HybridState, PagedKVCache, SlotState
+from ..attention import select_attention_backend
+from ..batch import StepBatch, run_by_parts, split_decodes
+from ..kernels import TORCH_OPS, LayerOps
+from ..loading.rope_config import read_rope
+from ..state import HybridState, PagedKVCache, SlotState
 from .transformer import MLP, Attention, RMSNorm, TransformerConfig, rope_tables
 
 LAYER_TYPES = ("conv", "full_attention")

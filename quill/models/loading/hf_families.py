@@ -16,12 +16,12 @@ from typing import Callable
 
 import torch
 
-from . import lfm2, mamba
-from .mamba2 import read_config as read_mamba2_config
+from ..families import lfm2, mamba
+from ..families.mamba2 import read_config as read_mamba2_config
+from ..families.transformer import TransformerConfig
+from ..families.xlstm import HF_DEFAULTS as XLSTM_DEFAULTS
+from ..families.xlstm import read_hf_config as _xlstm
 from .rope_config import read_rope
-from .transformer import TransformerConfig
-from .xlstm import HF_DEFAULTS as XLSTM_DEFAULTS
-from .xlstm import read_hf_config as _xlstm
 
 log = logging.getLogger("quill.models")
 
@@ -110,7 +110,7 @@ PHI3_TENSORS = {
     "layers.{i}.mlp.up.{w}": one(_L + "mlp.gate_up_proj.{w}"),
 }
 
-# LFM2 (quill/models/lfm2.py): its conv layers and norms keep the checkpoint's names; its attention and feed-forward are
+# LFM2 (quill/models/families/lfm2.py): its conv layers and norms keep the checkpoint's names; its attention and feed-forward are
 # the Transformer's modules, fused as Llama's.
 LFM2_TENSORS = {
     "embed_tokens.weight": one("{p}embed_tokens.weight"),
@@ -238,7 +238,7 @@ FAMILIES: dict[str, Family] = {
         "use_conv_bias": True, "hidden_act": "silu", "layer_norm_epsilon": 1e-5, "residual_in_fp32": True,
         "time_step_limit": [0.0, float("inf")], "chunk_size": 256, "tie_word_embeddings": False}),
     "xlstm": Family(_xlstm, None, prefix="backbone.", defaults=XLSTM_DEFAULTS, architecture="xlstm"),
-    # Our Mamba modules carry the checkpoint's names too (quill/models/mamba.py); Falcon-Mamba is the same architecture.
+    # Our Mamba modules carry the checkpoint's names too (quill/models/families/mamba.py); Falcon-Mamba is the same architecture.
     "mamba": Family(mamba.read_config, None, defaults=mamba.DEFAULTS, architecture="mamba"),
     "falcon_mamba": Family(mamba.read_config, None, defaults=mamba.FALCON_DEFAULTS, architecture="mamba"),
 }

@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
+from ..families.transformer import TransformerConfig
 from .hf_families import FAMILIES, Family
-from .transformer import TransformerConfig
 
 HF_MODEL_TYPES = tuple(FAMILIES)
 _LAYER = re.compile(r"^layers\.(\d+)\.")

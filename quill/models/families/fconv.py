@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..batch import StepBatch, run_by_parts, split_decodes
+from ..state import SlotState
 from .adaptive_softmax import AdaptiveSoftmax
-from .batch import StepBatch, run_by_parts, split_decodes
-from .state import SlotState
 
 
 @dataclass

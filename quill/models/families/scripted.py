@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .batch import StepBatch
-from .state import HybridState, PagedKVCache, SlotState
+from ..batch import StepBatch
+from ..state import HybridState, PagedKVCache, SlotState
 
 
 @dataclass

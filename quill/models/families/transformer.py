@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import PagedAttentionBackend, select_attention_backend
-from .batch import StepBatch
-from .kernels import TORCH_OPS, LayerOps
-from .kernels.torch_ops import ACTIVATIONS
-from .state import PagedKVCache
+from ..attention import PagedAttentionBackend, select_attention_backend
+from ..batch import StepBatch
+from ..kernels import TORCH_OPS, LayerOps
+from ..kernels.torch_ops import ACTIVATIONS
+from ..state import PagedKVCache
 
 ROPE_SCALING_TYPES = ("default", "linear", "llama3")
 

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .batch import StepBatch, run_by_parts, split_decodes
-from .state import SlotState
+from ..batch import StepBatch, run_by_parts, split_decodes
+from ..state import SlotState
 
 
 @dataclass

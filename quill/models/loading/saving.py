@@ -1,5 +1,5 @@
 """Writing a Quill checkpoint directory: config.json (architecture, config, end-of-sequence id, metadata),
-model.safetensors and tokenizer.json, as `quill.models.checkpoint.load_checkpoint` reads them back.
+model.safetensors and tokenizer.json, as `quill.models.loading.checkpoint.load_checkpoint` reads them back.
 
 A module of its own because the classic formats' converter writes what it converts through it, and loading
 (checkpoint.py) finds those converted checkpoints (location.py, classic/cache.py): writing depends on neither.
@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from .tokenizer import Tokenizer
+from ..text.tokenizer import Tokenizer
 from .weights import WEIGHTS_FILE
 
 CONFIG_FILE, TOKENIZER_FILE = "config.json", "tokenizer.json"

@@ -4,7 +4,7 @@ state-spaces/mamba2-*, Mamba-Codestral-7B).
 Embedding -> layers of (RMSNorm -> mixer, residual) -> RMSNorm -> softmax. The mixer projects each token to a
 gate z, the stream xBC and a time step per head; xBC goes through a short causal depthwise convolution and
 SiLU, splits into x (heads of head_dim), B and C (n_groups of d_state), and runs the selective state-space
-recurrence of quill/models/ssd.py with a skip D x; a grouped RMSNorm gated by SiLU(z) and a projection close it.
+recurrence of quill/models/families/ssd.py with a skip D x; a grouped RMSNorm gated by SiLU(z) and a projection close it.
 
 State per sequence and layer, a fixed size whatever the length:
 - "conv": the last d_conv - 1 inputs of the convolution, (d_conv - 1, conv_dim), conv_dim = d_inner +
@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import kernels
-from .batch import StepBatch, run_by_parts
+from .. import kernels
+from ..batch import StepBatch, run_by_parts
+from ..state import SlotState
 from .mamba import MambaFamilyModel
 from .ssd import ssd_chunked, ssd_step
-from .state import SlotState
 from .transformer import rms_normalise
 
 ACTIVATIONS = ("silu", "swish")  # the convolution's activation; the gate is SiLU in every Mamba-2
