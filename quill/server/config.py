@@ -10,7 +10,7 @@ from quill.models.attention import ATTENTION_BACKENDS
 from quill.models.loading.checkpoint import BUNDLED_DIR, GENERATION_CONFIG_MODES
 from quill.models.kernels import LAYER_OPS
 from quill.models.loading.location import check_revision, is_hub_id
-from quill.server.api.tool_calls.registry import TOOL_CALL_FORMATS
+from quill.server.api.openai.tool_calls.registry import TOOL_CALL_FORMATS
 
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")  # uvicorn's names
 HTTP_PARSERS = ("auto", "h11", "httptools")

@@ -8,8 +8,9 @@ from quill.server import __version__
 from quill.server.config import ServerConfig
 from quill.server.hosting import ModelHost
 
-from . import (chat_routes, grammar_routes, health_routes, openai_routes, playground_routes, tgi_routes,
-               tokenize_routes)
+from . import grammar_routes, health_routes, playground_routes
+from .openai import chat, completions, tokenize
+from .tgi import routes as tgi
 from .errors import APIError, install_error_handlers, is_openai_path
 from .guards import RequestGuard
 from .metrics import Metrics
@@ -38,10 +39,10 @@ def create_app(host: ModelHost | None, config: ServerConfig, metrics: Metrics | 
                        on_reject=count_error, body_timeout=config.body_timeout)
 
     app.include_router(health_routes.router)
-    app.include_router(openai_routes.router)
-    app.include_router(chat_routes.router)
-    app.include_router(tokenize_routes.router)
-    app.include_router(tgi_routes.router)
+    app.include_router(completions.router)
+    app.include_router(chat.router)
+    app.include_router(tokenize.router)
+    app.include_router(tgi.router)
     app.include_router(grammar_routes.router)
     app.include_router(playground_routes.router)
     if host is not None:

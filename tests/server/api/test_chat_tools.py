@@ -16,8 +16,8 @@ import transformers
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from quill.server.api.app import create_app
-from quill.server.api.chat_tools import answer_format
-from quill.server.api.tool_calls.forced import named_schema, required_schema
+from quill.server.api.openai.chat_tools import answer_format
+from quill.server.api.openai.tool_calls.forced import named_schema, required_schema
 from quill.server.config import ServerConfig
 from quill.server.engine.outputs import CompletionOutput, RequestOutput
 from quill.server.hosting import ModelHost
@@ -254,10 +254,10 @@ FORCED = {  # tool_choice -> the answer constrained decoding would hold to its s
 async def test_forced_answers_read_as_calls_plain_and_streamed(app, oai, monkeypatch, choice):
     """The route's side of "required" and a named function: the schema it constrains the answer to, and the
     calls a scripted answer to that schema reads as."""
-    from quill.server.api import chat_routes
+    from quill.server.api.openai import chat
 
-    schemas, constrained = [], chat_routes._constrained
-    monkeypatch.setattr(chat_routes, "_constrained",
+    schemas, constrained = [], chat._constrained
+    monkeypatch.setattr(chat, "_constrained",
                         lambda params, schema: schemas.append(schema) or constrained(params, schema))
     answer, calls = FORCED[choice]
     tool_choice = "required" if choice == "required" else {"type": "function", "function": {"name": "get_weather"}}

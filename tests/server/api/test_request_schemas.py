@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from quill.server.api.chat_schemas import ChatCompletionRequest
-from quill.server.api.openai_schemas import CompletionRequest
-from quill.server.api.tgi_schemas import GenerateParameters
+from quill.server.api.openai.chat_schemas import ChatCompletionRequest
+from quill.server.api.openai.completion_schemas import CompletionRequest
+from quill.server.api.tgi.schemas import GenerateParameters
 
 HOSTED = SimpleNamespace(loaded=SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=50)),
                                                generation_defaults={}))

@@ -9,8 +9,8 @@ import json
 import jsonschema
 import pytest
 
-from quill.server.api.tool_calls import split_answer
-from quill.server.api.tool_calls.forced import NamedFormat, RequiredFormat, named_schema, required_schema
+from quill.server.api.openai.tool_calls import split_answer
+from quill.server.api.openai.tool_calls.forced import NamedFormat, RequiredFormat, named_schema, required_schema
 
 WEATHER = {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quill.server.api.tool_calls import ToolCallStream, split_answer, tool_call_format
-from quill.server.api.tool_calls.forced import NamedFormat, RequiredFormat
+from quill.server.api.openai.tool_calls import ToolCallStream, split_answer, tool_call_format
+from quill.server.api.openai.tool_calls.forced import NamedFormat, RequiredFormat
 
 WEATHER = {"city": "Elsinore", "unit": "celsius"}
 TIME = {"zone": "CET"}

@@ -25,17 +25,17 @@ from quill.server.sampling import SamplingParams
 from quill.server.sampling.params import MAX_LOGPROBS
 from quill.server.sampling.structured import StructuredOutput
 
+from ..errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
+from ..generation import Submitted, answer, event_stream, resolve_model, start
+from ..sampling_defaults import default_max_tokens
+from ..sse import sse_event
+from ..structured_fields import check_constraint
+from ..token_texts import TokenTexts
+from ..validation import check_context, check_max_tokens, check_sequences, invalid
 from .chat_prompt import ChatPrompt, render_chat
 from .chat_schemas import ChatCompletionRequest
 from .chat_tools import ToolPlan, plan_tools
-from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
-from .generation import Submitted, answer, event_stream, resolve_model, start
-from .sampling_defaults import default_max_tokens
-from .sse import sse_event
-from .structured_fields import check_constraint
-from .token_texts import TokenTexts
 from .tool_calls import CallDelta, ToolCall, ToolCallStream, split_answer
-from .validation import check_context, check_max_tokens, check_sequences, invalid
 
 router = APIRouter()
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from quill.server.hosting import HostedModel
 
+from ..validation import invalid
 from .chat_schemas import ChatCompletionRequest, Tool
 from .tool_calls import ToolCallFormat, detect_format, tool_call_format
 from .tool_calls.forced import NamedFormat, RequiredFormat, named_schema, required_schema
 from .tool_calls.mistral import TOOL_CALLS
-from .validation import invalid
 
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 CHOICES = ("none", "auto", "required")

@@ -15,9 +15,9 @@ from quill.server.config import ServerConfig
 from quill.server.hosting import HostedModel
 from quill.server.sampling import SamplingParams
 
-from .request_schema import RequestSchema
-from .structured_fields import GuidedFields
-from .validation import build_params, check_top_k, parse_logit_bias, stop_list, stop_strings
+from ..request_schema import RequestSchema
+from ..structured_fields import GuidedFields
+from ..validation import build_params, check_top_k, parse_logit_bias, stop_list, stop_strings
 
 
 class StreamOptions(RequestSchema):

@@ -6,8 +6,8 @@ from typing import Annotated, Any, Union
 
 from pydantic import PlainValidator
 
+from ..request_schema import RequestSchema
 from .chat_schemas import ChatTemplateOptions, Tool
-from .request_schema import RequestSchema
 
 
 class TokenizeTextRequest(RequestSchema):

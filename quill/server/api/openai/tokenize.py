@@ -10,12 +10,12 @@ from fastapi import APIRouter, Request
 
 from quill.server.hosting import HostedModel
 
+from ..errors import OPENAI_ERROR_RESPONSES
+from ..generation import resolve_model
+from ..validation import check_token_ids, invalid
 from .chat_prompt import render_chat
 from .chat_tools import checked_tools
-from .errors import OPENAI_ERROR_RESPONSES
-from .generation import resolve_model
 from .tokenize_schemas import DetokenizeRequest, TokenizeChatRequest, TokenizeRequest
-from .validation import check_token_ids, invalid
 
 router = APIRouter()
 

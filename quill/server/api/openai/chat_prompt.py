@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from quill.models.text.chat_template import ChatTemplateError
 from quill.server.hosting import HostedModel
 
+from ..errors import APIError, unrecognized
+from ..validation import invalid
 from .chat_schemas import ChatMessage, ChatTemplateOptions
-from .errors import APIError, unrecognized
-from .validation import invalid
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt")  # set by the request's own fields

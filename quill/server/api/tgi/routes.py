@@ -23,13 +23,12 @@ from quill.server.hosting import HostedModel
 from quill.server.sampling import SamplingParams
 from quill.server.sampling.params import MAX_LOGPROBS
 
-from .errors import JSON_OR_SSE_RESPONSE, SSE_RESPONSE, TGI_ERROR_RESPONSES, APIError
-from .generation import Submitted, answer, event_stream, loaded_host, resolve_model, start
-from .sampling_defaults import default_max_tokens
-from .sse import sse_event
-from .structured_fields import check_constraint
-from .tgi_schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
-from .validation import (
+from ..errors import JSON_OR_SSE_RESPONSE, SSE_RESPONSE, TGI_ERROR_RESPONSES, APIError
+from ..generation import Submitted, answer, event_stream, loaded_host, resolve_model, start
+from ..sampling_defaults import default_max_tokens
+from ..sse import sse_event
+from ..structured_fields import check_constraint
+from ..validation import (
     check_beam_width,
     check_context,
     check_max_tokens,
@@ -38,6 +37,7 @@ from .validation import (
     encode_prompt,
     invalid,
 )
+from .schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
 
 router = APIRouter()
 

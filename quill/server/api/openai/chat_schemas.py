@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict
 from quill.server.hosting import HostedModel
 from quill.server.sampling import SamplingParams
 
-from .openai_schemas import OpenAISampling, StreamOptions
-from .request_schema import RequestSchema
+from ..request_schema import RequestSchema
+from .completion_schemas import OpenAISampling, StreamOptions
 
 
 class ContentPart(BaseModel):

@@ -16,9 +16,9 @@ from pydantic import Field
 from quill.server.hosting import HostedModel
 from quill.server.sampling import SamplingParams
 
-from .request_schema import RequestSchema
-from .structured_fields import TGIGrammar, from_tgi_grammar
-from .validation import build_params
+from ..request_schema import RequestSchema
+from ..structured_fields import TGIGrammar, from_tgi_grammar
+from ..validation import build_params
 
 
 class GenerateParameters(RequestSchema):

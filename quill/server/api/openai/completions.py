@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: /v1/completions (plain and streamed) and /v1/models (chat: chat_routes.py)."""
+"""OpenAI-compatible routes: /v1/completions (plain and streamed) and /v1/models (chat: chat.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from fastapi import APIRouter, Request
 
 from quill.server.engine import TokenLogprob
 
-from .errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
-from .generation import answer, event_stream, loaded_host, resolve_model, start
-from .openai_schemas import CompletionRequest
-from .sampling_defaults import default_max_tokens
-from .sse import sse_event
-from .structured_fields import check_constraint
-from .token_texts import TokenTexts
-from .validation import check_context, check_max_tokens, check_sequences, encode_prompt, invalid
+from ..errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
+from ..generation import answer, event_stream, loaded_host, resolve_model, start
+from ..sampling_defaults import default_max_tokens
+from ..sse import sse_event
+from ..structured_fields import check_constraint
+from ..token_texts import TokenTexts
+from ..validation import check_context, check_max_tokens, check_sequences, encode_prompt, invalid
+from .completion_schemas import CompletionRequest
 
 router = APIRouter()
 
