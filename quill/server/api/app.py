@@ -8,7 +8,7 @@ from quill.server import __version__
 from quill.server.config import ServerConfig
 from quill.server.hosting import ModelHost
 
-from . import grammar_routes, health_routes, playground_routes
+from . import health_routes, playground_routes, structured_routes
 from .openai import chat, completions, tokenize
 from .tgi import routes as tgi
 from .errors import APIError, install_error_handlers, is_openai_path
@@ -43,7 +43,7 @@ def create_app(host: ModelHost | None, config: ServerConfig, metrics: Metrics | 
     app.include_router(chat.router)
     app.include_router(tokenize.router)
     app.include_router(tgi.router)
-    app.include_router(grammar_routes.router)
+    app.include_router(structured_routes.router)
     app.include_router(playground_routes.router)
     if host is not None:
         attach_host(app, host)

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .structured import StructuredOutput
+from ..structured.constraint import StructuredOutput
 
 # Below this a temperature is greedy (vLLM's _SAMPLING_EPS): logits / t would overflow float32 long before 0.
 GREEDY_TEMPERATURE = 1e-5

@@ -1,4 +1,7 @@
-"""Constrained decoding with llguidance: compiling a request's constraint, and a matcher per sequence.
+"""Structured output: what a request's answer must match (constraint.py: a JSON schema, a regex, a choice, a
+grammar), compiled with llguidance (compiler.py, grammar_source.py, tokenizer_info.py), and a matcher per sequence
+(matcher.py). The HTTP side reads the dialects' fields (api/structured_fields.py) and serves the playground's
+token tips (api/structured_routes.py); the engine fills each step's masks (engine/grammar_masks.py).
 
 llguidance was chosen over xgrammar (benchmarks/README.md, "Structured outputs"): it refuses a JSON schema
 keyword it does not implement, naming it, where xgrammar ignores some silently; it compiles a schema lazily

@@ -18,8 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
 from quill.models.text.tokenizer import Tokenizer
-from quill.server.sampling.structured import StructuredOutput
 
+from .constraint import StructuredOutput
 from .grammar_source import GrammarError, grammar_text
 from .matcher import GrammarMatcher
 from .tokenizer_info import grammar_tokenizer

@@ -7,7 +7,7 @@ import json
 from llguidance import LLMatcher
 from llguidance.gbnf_to_lark import any_to_lark
 
-from quill.server.sampling.structured import StructuredOutput
+from .constraint import StructuredOutput
 
 # No free whitespace between JSON tokens: a model drifting into spaces or newlines could otherwise spend its
 # whole max_tokens there (the issue users report of other servers). Separators are the compact ones.

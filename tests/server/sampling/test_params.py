@@ -4,7 +4,7 @@ import math
 import pytest
 
 from quill.server.sampling.params import SamplingParamError, SamplingParams
-from quill.server.sampling.structured import StructuredOutput
+from quill.server.structured.constraint import StructuredOutput
 
 NAN, INF = math.nan, math.inf
 

@@ -23,7 +23,7 @@ from quill.server.engine import TokenLogprob
 from quill.server.hosting import HostedModel
 from quill.server.sampling import SamplingParams
 from quill.server.sampling.params import MAX_LOGPROBS
-from quill.server.sampling.structured import StructuredOutput
+from quill.server.structured.constraint import StructuredOutput
 
 from ..errors import JSON_OR_SSE_RESPONSE, OPENAI_ERROR_RESPONSES, APIError
 from ..generation import Submitted, answer, event_stream, resolve_model, start
