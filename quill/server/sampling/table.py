@@ -42,6 +42,7 @@ class SamplingTable:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         self.settings = torch.zeros(num_slots, len(COLUMNS), dtype=torch.float64, device=self.device)
+        self._greedy: SamplingBatch | None = None  # every setting of a greedy row without penalties, num_slots rows
 
     def write(self, slots: list[int], params: list[SamplingParams]) -> None:
         """Requests starting to run: slot i takes params[i]'s settings."""
@@ -108,7 +109,10 @@ class SamplingTable:
     def gather_plain(self, slots: torch.Tensor, flags: RowFlags,
                      seeded_rows: list[tuple[int, torch.Generator]]) -> SamplingBatch:
         """`gather` for rows known to need no token lists, logit bias or grammar (no penalties, min_tokens, bias
-        or mask): the settings gathered on the device, `flags` and `seeded_rows` decided by the caller."""
+        or mask): the settings gathered on the device, `flags` and `seeded_rows` decided by the caller. Rows that
+        are all greedy have all the same settings, which need no gathering."""
+        if flags.all_greedy:
+            return self._greedy_rows(slots.shape[0], flags)
         columns = self.settings.index_select(0, slots).unbind(1)
         by_name = dict(zip(COLUMNS, columns))
         temperature = by_name["temperature"].float()
@@ -123,6 +127,29 @@ class SamplingTable:
             all_greedy=flags.all_greedy, any_greedy=flags.any_greedy, num_top_logprobs=flags.num_top_logprobs,
             needs_logprobs=flags.needs_logprobs,
         )
+
+
+    def _greedy_rows(self, num_rows: int, flags: "RowFlags") -> SamplingBatch:
+        """`num_rows` greedy rows without penalties: views of one batch of such rows, made once."""
+        if self._greedy is None:
+            row = torch.tensor(settings_row(SamplingParams(temperature=0.0)), dtype=torch.float64, device=self.device)
+            columns = dict(zip(COLUMNS, row.expand(self.settings.shape[0], -1).contiguous().unbind(1)))
+            temperature = columns["temperature"].float()
+            self._greedy = SamplingBatch(
+                temperature=temperature, is_greedy=temperature == 0, top_k=columns["top_k"].long(),
+                top_p=columns["top_p"], min_p=columns["min_p"].float(),
+                repetition_penalty=columns["repetition_penalty"].float(),
+                presence_penalty=columns["presence_penalty"].float(),
+                frequency_penalty=columns["frequency_penalty"].float(), seen_tokens=None, output_counts=None,
+                bias=None, banned=None, allowed=None, seeded_rows=[], max_top_k=0, uses_top_p=False,
+                uses_min_p=False, all_greedy=True, any_greedy=True, num_top_logprobs=0, needs_logprobs=False)
+        g = self._greedy
+        return replace(g, temperature=g.temperature[:num_rows], is_greedy=g.is_greedy[:num_rows],
+                       top_k=g.top_k[:num_rows], top_p=g.top_p[:num_rows], min_p=g.min_p[:num_rows],
+                       repetition_penalty=g.repetition_penalty[:num_rows],
+                       presence_penalty=g.presence_penalty[:num_rows],
+                       frequency_penalty=g.frequency_penalty[:num_rows],
+                       num_top_logprobs=flags.num_top_logprobs, needs_logprobs=flags.needs_logprobs)
 
 
 @dataclass(frozen=True, slots=True)

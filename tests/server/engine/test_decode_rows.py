@@ -93,3 +93,20 @@ def test_preempted_rows_come_back_packed_whole(tiny_tokenizer, monkeypatch):
     kept, packed, engine = run_both(loaded, churn([GREEDY]), monkeypatch, async_scheduling=False, num_blocks=24)
     assert engine.scheduler.num_preemptions > 0
     assert kept == packed and len(kept) == 12
+
+
+def test_all_greedy_rows_with_logprobs_share_one_set_of_settings(tiny_tokenizer, monkeypatch):
+    """Rows that are all greedy skip gathering their settings (they are all the same): their tokens and their
+    log-probabilities are those of packing whole."""
+    loaded = loaded_model("transformer-llama", tiny_tokenizer)
+    kept, packed, engine = run_both(loaded, churn([dict(temperature=0, logprobs=2), GREEDY]), monkeypatch,
+                                    async_scheduling=False)
+    assert kept.keys() == packed.keys() and engine.runner.num_delta_steps > 5
+    for request_id, outputs in packed.items():
+        have, want = kept[request_id][0], outputs[0]
+        assert have["token_ids"] == want["token_ids"]
+        assert [(e.token_id, [t for t, _ in e.top]) for e in have["logprobs"]] == \
+               [(e.token_id, [t for t, _ in e.top]) for e in want["logprobs"]]
+        # the forward pass of a batch packed otherwise rounds otherwise: equal to float32 rounding
+        values = [[e.logprob] + [lp for _, lp in e.top] for e in have["logprobs"]]
+        assert values == [pytest.approx([e.logprob] + [lp for _, lp in e.top], abs=1e-5) for e in want["logprobs"]]
