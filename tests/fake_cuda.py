@@ -73,8 +73,15 @@ def fake_cuda() -> Iterator[FakeTensorMode]:
     real memory."""
     _install_cuda_guard()
     with _ValuelessMode(allow_non_fake_inputs=True) as mode, \
-            mock.patch.object(kernels, "fused_state_steps", lambda state: None):
+            mock.patch.object(kernels, "fused_state_steps", lambda state: None), \
+            mock.patch.object(torch, "frombuffer", _fake_frombuffer):
         yield mode
+
+
+def _fake_frombuffer(buffer, dtype: torch.dtype) -> torch.Tensor:
+    """A fake tensor cannot wrap host memory (quill/models/host_copy.py wraps an array's): the same values made
+    by torch.tensor, which the mode fakes."""
+    return torch.tensor(buffer.tolist(), dtype=dtype)
 
 
 def fake_model(model_cls: type[nn.Module], config, dtype: torch.dtype = torch.float32,

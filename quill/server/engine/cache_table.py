@@ -52,10 +52,11 @@ class CacheTable:
                 raise ValueError(f"sequence {edit.seq_id} needs {end} blocks; the table holds {self.width}")
             for column, block in enumerate(edit.ids, edit.start):
                 changed[row, column] = block
-        if changed:
-            rows, columns = zip(*changed)
-            index = to_device([rows, columns, list(changed.values())], self.ids.device, torch.long)  # (3, K)
-            self.ids.index_put_((index[0], index[1]), index[2])
+        if changed:  # entries of the flattened table, then their ids: one copy
+            width = self.width
+            flat = to_device([row * width + column for row, column in changed] + list(changed.values()),
+                             self.ids.device, torch.long)
+            self.ids.view(-1).index_copy_(0, flat[: len(changed)], flat[len(changed):])
 
     def gather(self, rows: torch.Tensor, width: int) -> torch.Tensor:
         """(len(rows), width): the first `width` columns of `rows` (on the device), in their order."""

@@ -50,8 +50,8 @@ class PendingMasks:
         mask_rows = [self.row_of[seqs[i]] for i in rows]
         bitmask = self.bitmask()
         if mask_rows != list(range(bitmask.shape[0])):
-            bitmask = bitmask.index_select(0, to_device(mask_rows, bitmask.device))
-        return to_device(rows, bitmask.device), bitmask
+            bitmask = bitmask.index_select(0, to_device(mask_rows, bitmask.device, torch.long))
+        return to_device(rows, bitmask.device, torch.long), bitmask
 
 
 class GrammarMasks:

@@ -43,13 +43,14 @@ class SamplingTable:
         self.device = torch.device(device)
         self.settings = torch.zeros(num_slots, len(COLUMNS), dtype=torch.float64, device=self.device)
         self._greedy: SamplingBatch | None = None  # every setting of a greedy row without penalties, num_slots rows
+        self._greedy_cuts: dict[tuple, SamplingBatch] = {}  # its first rows, by (rows, logprob outputs)
 
     def write(self, slots: list[int], params: list[SamplingParams]) -> None:
         """Requests starting to run: slot i takes params[i]'s settings."""
         if not slots:
             return
-        rows = to_device([settings_row(p) for p in params], self.device, torch.float64)
-        self.settings.index_copy_(0, to_device(slots, self.device, torch.long), rows)
+        rows = to_device([value for p in params for value in settings_row(p)], self.device, torch.float64)
+        self.settings.index_copy_(0, to_device(slots, self.device, torch.long), rows.view(len(slots), len(COLUMNS)))
 
     def gather(
         self,
@@ -143,13 +144,17 @@ class SamplingTable:
                 frequency_penalty=columns["frequency_penalty"].float(), seen_tokens=None, output_counts=None,
                 bias=None, banned=None, allowed=None, seeded_rows=[], max_top_k=0, uses_top_p=False,
                 uses_min_p=False, all_greedy=True, any_greedy=True, num_top_logprobs=0, needs_logprobs=False)
-        g = self._greedy
-        return replace(g, temperature=g.temperature[:num_rows], is_greedy=g.is_greedy[:num_rows],
-                       top_k=g.top_k[:num_rows], top_p=g.top_p[:num_rows], min_p=g.min_p[:num_rows],
-                       repetition_penalty=g.repetition_penalty[:num_rows],
-                       presence_penalty=g.presence_penalty[:num_rows],
-                       frequency_penalty=g.frequency_penalty[:num_rows],
-                       num_top_logprobs=flags.num_top_logprobs, needs_logprobs=flags.needs_logprobs)
+        key = (num_rows, flags.num_top_logprobs, flags.needs_logprobs)
+        cut = self._greedy_cuts.get(key)
+        if cut is None:
+            g = self._greedy
+            cut = self._greedy_cuts[key] = replace(
+                g, temperature=g.temperature[:num_rows], is_greedy=g.is_greedy[:num_rows],
+                top_k=g.top_k[:num_rows], top_p=g.top_p[:num_rows], min_p=g.min_p[:num_rows],
+                repetition_penalty=g.repetition_penalty[:num_rows], presence_penalty=g.presence_penalty[:num_rows],
+                frequency_penalty=g.frequency_penalty[:num_rows], num_top_logprobs=flags.num_top_logprobs,
+                needs_logprobs=flags.needs_logprobs)
+        return cut
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from itertools import islice, repeat
-from operator import is_, itemgetter, ne
+from operator import attrgetter, is_, itemgetter, ne
 
 import torch
 
+from quill.models.host_copy import host_tensor
 from quill.server.sampling.table import RowFlags
 
 from ..sequence import Sequence
@@ -47,12 +48,13 @@ def _joins(seq: Sequence) -> bool:
 
 
 def _host(values: list[int] | torch.Tensor) -> torch.Tensor:
-    return values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
+    return values if isinstance(values, torch.Tensor) else host_tensor(values)
 
 
 @dataclass
 class DecodeRows:
     seqs: list[Sequence]
+    seq_ids: list[int]  # theirs, to find a freed one's row without a pass in Python
     # On the host, a value per row: its position in the step that made these rows, its cache-table row, its
     # sampling slot (tensors, so that rows are dropped and uploaded without a pass in Python)
     positions: torch.Tensor
@@ -89,9 +91,10 @@ class DecodeRows:
         if longest is None:
             longest = max(packed.positions[:count]) + 1
         generators = plan.generators[:count]
-        return DecodeRows([seq for seq, _ in logit_rows.sampled[:count]], _host(packed.positions)[:count],
+        seqs = list(map(itemgetter(0), logit_rows.sampled[:count]))
+        return DecodeRows(seqs, list(map(attrgetter("seq_id"), seqs)), _host(packed.positions)[:count],
                           _host(packed.table_rows)[:count], _host(plan.slots)[:count], generators, plan.flags,
-                          plan.plain, sampled_ids, longest, whole, unseeded=not any(g is not None for g in generators))
+                          plan.plain, sampled_ids, longest, whole, unseeded=generators.count(None) == len(generators))
 
     def moved(self, sampled_ids: torch.Tensor) -> "DecodeRows":
         """These rows after a step that decoded exactly them, again."""
@@ -104,7 +107,8 @@ class DecodeRows:
         seqs = self.seqs
         index, kept = None, seqs
         if freed:
-            dropped = [i for i, seq in enumerate(seqs) if seq.seq_id in freed]
+            ids = self.seq_ids
+            dropped = sorted(ids.index(seq_id) for seq_id in freed if seq_id in ids)
             if dropped:
                 index, kept = self._without(dropped)
         count = len(kept)
@@ -164,10 +168,10 @@ def delta_inputs(rows: DecodeRows, index: torch.Tensor | None, kept: list[Sequen
     if index is not None:
         generators = [None] * k if rows.unseeded else [generators[i] for i in index.tolist()]
     if tail:
-        positions = torch.cat([positions, torch.tensor(packed.positions, dtype=torch.long)])
-        table_rows = torch.cat([table_rows, torch.tensor(packed.table_rows, dtype=torch.long)])
-        packed.tokens = torch.cat([torch.zeros(k, dtype=torch.long), torch.tensor(packed.tokens, dtype=torch.long)])
-        slots = torch.cat([slots, torch.tensor([seq.group.slot for seq, _ in tail_sampled], dtype=torch.long)])
+        positions = torch.cat([positions, host_tensor(packed.positions)])
+        table_rows = torch.cat([table_rows, host_tensor(packed.table_rows)])
+        packed.tokens = torch.cat([torch.zeros(k, dtype=torch.long), host_tensor(packed.tokens)])
+        slots = torch.cat([slots, host_tensor([seq.group.slot for seq, _ in tail_sampled])])
         generators = generators + [
             seq.group.generators[seq.index if seq.group.is_forked else 0] if seq.group.generators else None
             for seq, _ in tail_sampled]

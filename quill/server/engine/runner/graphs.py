@@ -60,4 +60,4 @@ class DecodeGraphs:
         logits = self.graphs[size]()  # (size, V): a row per sequence
         if packed.rows_in_order:
             return logits[: len(packed.rows)]
-        return logits.index_select(0, to_device(packed.rows, logits.device))
+        return logits.index_select(0, to_device(packed.rows, logits.device, torch.long))

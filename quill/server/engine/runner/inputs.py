@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quill.models.batch import StepBatch
+from quill.models.host_copy import host_tensor
 
 from ..cache_table import CacheTable
 from ..sequence import Sequence, SequenceGroup
@@ -106,7 +107,7 @@ class InputBuffers:
         tensor on the host (no conversion: a list of 256 ints costs ~20 us to make into one)."""
         view = buffer[: len(values)]
         if not isinstance(values, torch.Tensor):
-            values = torch.tensor(values, dtype=buffer.dtype)
+            values = host_tensor(values, buffer.dtype)
         view.copy_(values, non_blocking=True)
         return view
 

@@ -86,7 +86,7 @@ class ModelRunner:
         tail_params = [seq.group.params for seq, _ in logit_rows.sampled[len(kept):]]
         flags = rows.flags.join(RowFlags.of(tail_params, self.vocab_size)) if tail_params else rows.flags
         plain = rows.plain and not any(p.scores_samples for p in tail_params)
-        plan = plan_plain([seq for seq, _ in logit_rows.sampled], slots, generators, flags, plain, self.sampling,
+        plan = plan_plain(kept + [seq for seq, _ in logit_rows.sampled[len(kept):]], slots, generators, flags, plain, self.sampling,
                           self.buffers)
         self.num_delta_steps += 1
         return packed, logit_rows, plan, longest
@@ -135,7 +135,7 @@ class ModelRunner:
         rows = [row_of[seq] for seq, _ in batch.work]
         if rows == list(range(len(owners))):
             return previous.sampled_ids
-        return previous.sampled_ids.index_select(0, to_device(rows, self.device))
+        return previous.sampled_ids.index_select(0, to_device(rows, self.device, torch.long))
 
     def capture_graphs(self, capture: GraphCapture, sizes: list[int]) -> None:
         """Capture a decode step's graph for each batch size in `sizes` (graphs.py)."""

@@ -5,6 +5,7 @@ device (`plan_sampling`, or `plan_plain` for a persistent batch's rows); which r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 
 import torch
 
@@ -75,11 +76,11 @@ def plan_plain(seqs: list[Sequence], slots: torch.Tensor, generators: list, flag
     need no token lists, bias or grammar (a persistent batch's, decode_rows.py): `flags` and `plain` come from the
     caller; the settings are gathered by slot on the device."""
     seeded = []
-    if any(g is not None for g in generators):
+    if generators.count(None) != len(generators):
         seeded = [(row, g) for row, (g, seq) in enumerate(zip(generators, seqs))
                   if g is not None and not seq.group.params.is_greedy]
     sbatch = table.gather_plain(buffers.upload(buffers.sample_slots, slots), flags, seeded)
-    return SamplingPlan(len(seqs), None, sbatch, [(seq, 1) for seq in seqs], plain, slots, generators, flags)
+    return SamplingPlan(len(seqs), None, sbatch, list(zip(seqs, repeat(1))), plain, slots, generators, flags)
 
 
 def argmax_only(logit_rows: LogitRows, num_rows: int, device: torch.device) -> torch.Tensor | None:
