@@ -36,6 +36,7 @@ class RequestResult:
     completion_tokens: int = 0  # all choices, as the server's usage counts them
     num_choices: int = 1
     error: str | None = None
+    texts: dict[int, str] = field(default_factory=dict)  # each choice's text, as it arrived
 
     @property
     def is_ok(self) -> bool:
@@ -94,6 +95,7 @@ async def _send_streamed(http: httpx.AsyncClient, body: dict, result: RequestRes
                 if not choice.get("text"):
                     continue
                 index = choice.get("index", 0)
+                result.texts[index] = result.texts.get(index, "") + choice["text"]
                 if result.ttft is None:
                     result.ttft = now - t0
                 if index in last_chunk:
@@ -108,7 +110,9 @@ async def _send_plain(http: httpx.AsyncClient, body: dict, result: RequestResult
     if response.status_code >= 400:
         result.status, result.error = str(response.status_code), _error_message(response)
         return
-    usage = response.json().get("usage") or {}
+    answer = response.json()
+    usage = answer.get("usage") or {}
+    result.texts = {choice.get("index", 0): choice.get("text", "") for choice in answer.get("choices", [])}
     result.status = "200"
     result.prompt_tokens, result.completion_tokens = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
 
