@@ -55,7 +55,7 @@ def vllm_server(venv: Path, model_dir: Path, name: str, dtype: str, threads: int
     port = free_port()
     command = [str(python), str(LAUNCHER), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
                "--served-model-name", name, "--dtype", dtype, "--max-num-seqs", str(max_num_seqs),
-               "--disable-log-requests", *extra_args]
+               *extra_args]
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile(mode="w+") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True,

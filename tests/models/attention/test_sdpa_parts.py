@@ -1,0 +1,55 @@
+"""A step mixing decodes with prompt chunks runs in parts (decodes together, each chunk alone) and equals the
+whole step padded together."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quill.models.attention.sdpa import SdpaPagedAttention
+from quill.models.batch import StepBatch
+from tests.conftest import build_tiny_model
+
+V = 300
+
+
+class PaddedTogether(SdpaPagedAttention):
+    """The whole step padded to its longest chunk, never in parts."""
+
+    @classmethod
+    def build(cls, batch: StepBatch, block_size: int):
+        built = super().build(batch, block_size)
+        if built.parts is not None:
+            key_pos = torch.arange(batch.block_tables.shape[1] * block_size)
+            built.mask = (key_pos[None, None, :] <= batch.pad(batch.positions)[:, :, None]).unsqueeze(1)
+            built.parts = None
+        return built
+
+
+# (sequences, new tokens each): prompts; then decodes around a chunk (decodes not contiguous); then decodes
+# first with two chunks behind them (a persistent batch's order); then a decode-only step.
+STEPS = [([0, 1, 2, 3], [5, 3, 9, 2]), ([0, 1, 2, 3], [1, 6, 1, 1]), ([0, 2, 1, 3], [1, 1, 4, 7]),
+         ([0, 1, 2, 3], [1, 1, 1, 1])]
+
+
+@pytest.mark.parametrize("key", ["transformer-llama", "transformer-gpt2"])
+def test_a_mixed_step_in_parts_equals_it_padded_together(key):
+    _, model = build_tiny_model(key, V, device="cpu")
+    block_size = 4
+    tables = [[3, 17, 8, 30, 21, 0], [12, 5, 26, 1, 2, 4], [9, 33, 2, 14, 27, 6], [19, 24, 11, 35, 36, 37]]
+    parts = model.new_state(40, block_size=block_size)
+    padded = model.new_state(40, block_size=block_size)
+    padded.attention = PaddedTogether
+    g = torch.Generator().manual_seed(0)
+    lengths = [0, 0, 0, 0]
+    seen_parts = 0
+    for seqs, counts in STEPS:
+        new = [torch.randint(0, V, (n,), generator=g).tolist() for n in counts]
+        batch = StepBatch.build(new, [lengths[i] for i in seqs], block_tables=[tables[i] for i in seqs],
+                                logits="all")
+        built = SdpaPagedAttention.build(batch, block_size)
+        seen_parts += built.parts is not None
+        torch.testing.assert_close(model.step(batch, parts), model.step(batch, padded), atol=1e-5, rtol=1e-5)
+        for i, n in zip(seqs, counts):
+            lengths[i] += n
+    assert seen_parts == 3  # the first three steps mix lengths; the decode-only step is one part
