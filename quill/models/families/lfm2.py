@@ -224,7 +224,7 @@ class Lfm2LanguageModel(nn.Module):
 
     def _logits(self, x: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(ops.norm(x, self.embedding_norm), weight).float()
+        return ops.linear(ops.norm(x, self.embedding_norm), weight, None).float()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits, from an empty state."""

@@ -187,7 +187,7 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor, rope, ops: LayerOps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (..., T, D) -> q (..., T, H, hd), k and v (..., T, KVH, hd)."""
         c = self.config
-        q, k, v = self.qkv(x).split([c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim], -1)
+        q, k, v = ops.linear(x, self.qkv.weight, self.qkv.bias).split([c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim], -1)
         q = q.unflatten(-1, (c.n_heads, c.head_dim))
         k = k.unflatten(-1, (c.n_kv_heads, c.head_dim))
         v = v.unflatten(-1, (c.n_kv_heads, c.head_dim))
@@ -210,7 +210,8 @@ class Attention(nn.Module):
              ops: LayerOps) -> torch.Tensor:
         """x (T, D) packed new tokens; k_cache/v_cache (num_blocks, block_size, KVH, hd) of this layer."""
         q, k, v = self.project(x, rope, ops)
-        return self.out(attention.forward(q, k, v, k_cache, v_cache))  # the backend writes k, v into the cache
+        attended = attention.forward(q, k, v, k_cache, v_cache)  # the backend writes k, v into the cache
+        return ops.linear(attended, self.out.weight, self.out.bias)
 
 
 class MLP(nn.Module):
@@ -223,10 +224,9 @@ class MLP(nn.Module):
         self.activation = config.activation
 
     def forward(self, x: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
-        h = self.up(x)
-        if self.gated:
-            return self.down(ops.gated_act(h, self.activation))
-        return self.down(ACTIVATIONS[self.activation](h))
+        h = ops.linear(x, self.up.weight, self.up.bias)
+        h = ops.gated_act(h, self.activation) if self.gated else ACTIVATIONS[self.activation](h)
+        return ops.linear(h, self.down.weight, self.down.bias)
 
 
 class Block(nn.Module):
@@ -304,7 +304,7 @@ class TransformerLanguageModel(nn.Module):
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         if self.norm is not None:
             h = ops.norm(h, self.norm)
-        return F.linear(h, weight, self.lm_bias).float()
+        return ops.linear(h, weight, self.lm_bias).float()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits, no cache."""

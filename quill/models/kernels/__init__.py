@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..device_choice import DeviceRegistry
+from .onednn_ops import OneDnnLayerOps
 from .torch_ops import TORCH_OPS, TorchLayerOps
 from .triton_ops import TritonLayerOps
 
@@ -39,9 +40,12 @@ class LayerOps(Protocol):
     def gated_act(self, h: torch.Tensor, activation: str) -> torch.Tensor:
         """[gate; up] -> act(gate) * up."""
 
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """F.linear(x, weight, bias)."""
 
-LAYER_OPS: dict[str, type[LayerOps]] = {"torch": TorchLayerOps, "triton": TritonLayerOps}
-_REGISTRY = DeviceRegistry("layer ops", LAYER_OPS, reference="torch", defaults={"cuda": "triton"})
+
+LAYER_OPS: dict[str, type[LayerOps]] = {"torch": TorchLayerOps, "triton": TritonLayerOps, "onednn": OneDnnLayerOps}
+_REGISTRY = DeviceRegistry("layer ops", LAYER_OPS, reference="torch", defaults={"cuda": "triton", "cpu": "onednn"})
 
 
 def default_layer_ops(device: torch.device | str) -> str:

@@ -45,6 +45,9 @@ class TorchLayerOps:
         """q (..., T, H, hd), k (..., T, KVH, hd) rotated by cos/sin (..., T, hd)."""
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
     def gated_act(self, h: torch.Tensor, activation: str) -> torch.Tensor:
         """h (..., 2F) = [gate; up] -> act(gate) * up (..., F)."""
         gate, up = h.chunk(2, dim=-1)

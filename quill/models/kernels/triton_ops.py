@@ -67,6 +67,9 @@ class TritonLayerOps:
             return TORCH_OPS.rope(q, k, cos, sin)
         return self._rope(q, k, cos, sin)
 
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return TORCH_OPS.linear(x, weight, bias)
+
     def gated_act(self, h: torch.Tensor, activation: str) -> torch.Tensor:
         if activation not in self._activations:
             return TORCH_OPS.gated_act(h, activation)

@@ -53,3 +53,24 @@ def test_a_mixed_step_in_parts_equals_it_padded_together(key):
         for i, n in zip(seqs, counts):
             lengths[i] += n
     assert seen_parts == 3  # the first three steps mix lengths; the decode-only step is one part
+
+
+def test_decodes_of_very_different_contexts_run_in_groups_equal_to_them_padded_together():
+    _, model = build_tiny_model("transformer-llama", V, device="cpu")
+    block_size, num_seqs = 4, 40
+    lengths = [1 + (i * 7) % 37 for i in range(num_seqs)]  # 1..37 tokens of context, mixed in order
+    tables = [[i * 10 + j for j in range(10)] for i in range(num_seqs)]
+    grouped, padded = model.new_state(num_seqs * 10, block_size=block_size), model.new_state(num_seqs * 10,
+                                                                                            block_size=block_size)
+    padded.attention = PaddedTogether
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in lengths]
+    first = StepBatch.build(prompts, [0] * num_seqs, block_tables=tables)
+    model.step(first, grouped), model.step(first, padded)
+    # decodes, with a chunk among them: the decodes are not contiguous either
+    new = [[5] if i != 3 else [6, 7, 8] for i in range(num_seqs)]
+    for step in (StepBatch.build(new, lengths, block_tables=tables, logits="all"),
+                 StepBatch.build([[9]] * num_seqs, [n + len(t) for n, t in zip(lengths, new)], block_tables=tables)):
+        built = SdpaPagedAttention.build(step, block_size)
+        assert built.parts is not None and sum(p.query_len == 1 for p in built.parts) > 1  # decodes in groups
+        torch.testing.assert_close(model.step(step, grouped), model.step(step, padded), atol=1e-5, rtol=1e-5)

@@ -18,8 +18,8 @@ from tests.conftest import KERNEL_DEVICE, build_tiny_model
 V = 300
 
 
-def test_auto_is_torch_on_the_cpu_and_models_start_with_torch():
-    assert select_layer_ops("auto", "cpu").name == "torch"
+def test_auto_is_onednn_on_the_cpu_and_models_start_with_torch():
+    assert select_layer_ops("auto", "cpu").name == "onednn"
     _, model = build_tiny_model("transformer-llama", V, device="cpu")
     assert model.layer_ops is TORCH_OPS
 
@@ -29,8 +29,9 @@ def test_load_checkpoint_chooses_the_layer_ops(tmp_path, tiny_tokenizer):
 
     arch, model = build_tiny_model("transformer-llama", tiny_tokenizer.vocab_size, device="cpu")
     path = save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32)
-    assert load_checkpoint(path, device="cpu").model.layer_ops.name == "torch"
-    with pytest.raises(ValueError, match="auto or one of torch, triton, not 'compiled'"):
+    assert load_checkpoint(path, device="cpu").model.layer_ops.name == "onednn"
+    assert load_checkpoint(path, device="cpu", layer_ops="torch").model.layer_ops.name == "torch"
+    with pytest.raises(ValueError, match="auto or one of torch, triton, onednn, not 'compiled'"):
         load_checkpoint(path, device="cpu", layer_ops="compiled")
 
 

@@ -1,0 +1,65 @@
+"""The CPU's layer ops: the reference ops, with linear layers whose weights oneDNN lays out once.
+
+`F.linear` on the CPU hands the weight to the BLAS library as it is stored, and the library re-blocks it for
+its kernel on every call. oneDNN's linear over a weight reordered once into its own blocked layout skips
+that work (what vLLM's CPU build does with its prepacked GEMMs): at 64 rows of GPT-2-small shapes, 1.1-1.6x in
+float32 on a 2-core AVX2 EPYC; at 256 rows F.linear is as fast or 10% faster, so inputs of more than
+`PACKED_MAX_ROWS` rows (prompt chunks, large batches) keep F.linear (`python -m benchmarks.cpu_linear`). The packed copy is made on a weight's first use and kept beside it, so
+that everything else reading weights (tied embeddings, saving, training) sees them unchanged: the linear
+weights take their memory twice. A weight replaced, or changed in place outside inference mode, is packed
+again; a dtype oneDNN cannot pack on this CPU (bfloat16 without AVX-512) runs `F.linear`.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from .torch_ops import TorchLayerOps
+
+PACKED_MAX_ROWS = 128
+
+
+class OneDnnLayerOps(TorchLayerOps):
+    name = "onednn"
+
+    def __init__(self):
+        # id(weight) -> (the weight, weakly; its data pointer, version and dtype when packed; the packed copy, or
+        # None where it cannot be packed). By identity: tensors compare elementwise, so no dict of them by value.
+        self._packed: dict[int, tuple[weakref.ref, tuple, torch.Tensor | None]] = {}
+
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return "runs on the CPU only"
+        if not torch.backends.mkldnn.is_available():
+            return "needs a PyTorch built with oneDNN (mkldnn)"
+        return None
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        small = x.numel() <= PACKED_MAX_ROWS * x.shape[-1]
+        packed = self._packed_weight(weight) if small and x.dtype == weight.dtype and not torch.is_grad_enabled() \
+            else None
+        if packed is None:
+            return F.linear(x, weight, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    def _packed_weight(self, weight: torch.Tensor) -> torch.Tensor | None:
+        # an inference tensor keeps no version: only its replacement is seen (it may be changed only in inference)
+        stamp = (weight.data_ptr(), -1 if weight.is_inference() else weight._version, weight.dtype)
+        entry = self._packed.get(id(weight))
+        if entry is None or entry[0]() is not weight or entry[1] != stamp:
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            except RuntimeError:  # a dtype this CPU's oneDNN has no kernel for
+                packed = None
+            key, packs = id(weight), self._packed
+            entry = packs[key] = (weakref.ref(weight, lambda _: packs.pop(key, None)), stamp, packed)
+        return entry[2]
+
+    def is_packed(self, weight: torch.Tensor) -> bool:
+        """Whether `weight` has a packed copy (it ran through oneDNN)."""
+        entry = self._packed.get(id(weight))
+        return entry is not None and entry[0]() is weight and entry[2] is not None

@@ -1,0 +1,81 @@
+"""The CPU's oneDNN layer ops: linear layers over weights packed once give F.linear's results, follow a weight
+that changes, and leave what they cannot pack to F.linear; whole Transformer steps through them equal the
+reference ops' steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quill.models.batch import StepBatch
+from quill.models.kernels import TORCH_OPS, select_layer_ops
+from quill.models.kernels.onednn_ops import OneDnnLayerOps
+from tests.conftest import build_tiny_model
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs a PyTorch with oneDNN")
+
+
+@pytest.mark.parametrize("shape", [(5, 24), (2, 3, 24)])
+def test_a_packed_linear_equals_f_linear(shape):
+    ops = OneDnnLayerOps()
+    weight, bias, x = torch.randn(40, 24), torch.randn(40), torch.randn(*shape)
+    with torch.inference_mode():
+        torch.testing.assert_close(ops.linear(x, weight, bias), F.linear(x, weight, bias))
+        torch.testing.assert_close(ops.linear(x, weight, None), F.linear(x, weight))
+        assert ops.is_packed(weight)
+
+
+def test_a_weight_changed_in_place_or_replaced_is_packed_again():
+    ops = OneDnnLayerOps()
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(3, 16)
+    with torch.inference_mode():
+        ops.linear(x, layer.weight, layer.bias)
+        with torch.no_grad():
+            layer.weight.mul_(2)
+        torch.testing.assert_close(ops.linear(x, layer.weight, layer.bias), layer(x))
+        layer.weight = torch.nn.Parameter(torch.randn(8, 16))
+        torch.testing.assert_close(ops.linear(x, layer.weight, layer.bias), layer(x))
+
+
+def test_training_and_other_dtypes_take_f_linear():
+    ops = OneDnnLayerOps()
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(3, 16, requires_grad=True)
+    ops.linear(x, layer.weight, layer.bias).sum().backward()  # gradients flow: F.linear ran
+    assert x.grad is not None and not ops.is_packed(layer.weight)
+    with torch.inference_mode():
+        half = torch.randn(3, 16, dtype=torch.float64)
+        torch.testing.assert_close(ops.linear(half, layer.weight.double(), None), F.linear(half, layer.weight.double()))
+
+
+def test_the_onednn_ops_run_on_the_cpu_only():
+    assert OneDnnLayerOps.unavailable_reason(torch.device("cuda")) is not None
+    assert select_layer_ops("onednn", "cpu").name == "onednn"
+
+
+@pytest.mark.parametrize("key", ["transformer-llama", "transformer-gpt2"])
+def test_transformer_steps_through_onednn_equal_the_reference(key):
+    _, model = build_tiny_model(key, 300, device="cpu")
+    tables = [[3, 7, 1], [5, 2, 8], [0, 4, 6]]
+    states = {}
+    for name, ops in (("torch", TORCH_OPS), ("onednn", select_layer_ops("onednn", "cpu"))):
+        model.layer_ops = ops
+        state = model.new_state(10, block_size=4)
+        first = StepBatch.build([[5, 6, 7, 8, 9], [1, 2], [3]], [0, 0, 0], block_tables=tables, logits="all")
+        then = StepBatch.build([[10], [11, 12, 13], [14]], [5, 2, 1], block_tables=tables, logits="all")
+        states[name] = torch.cat([model.step(first, state), model.step(then, state)])
+    torch.testing.assert_close(states["onednn"], states["torch"], atol=1e-4, rtol=1e-4)
+
+
+def test_inputs_of_many_rows_keep_f_linear():
+    from quill.models.kernels.onednn_ops import PACKED_MAX_ROWS
+
+    ops = OneDnnLayerOps()
+    weight, x = torch.randn(8, 16), torch.randn(PACKED_MAX_ROWS + 1, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(ops.linear(x, weight, None), F.linear(x, weight))
+        assert not ops.is_packed(weight)
+        ops.linear(x[:PACKED_MAX_ROWS], weight, None)
+        assert ops.is_packed(weight)
