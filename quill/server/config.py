@@ -32,7 +32,7 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.9  # of the GPU's memory: weights, activations and K,V caches of all models
     block_size: int = 16
     attention_backend: str = "auto"  # "auto": triton on CUDA, sdpa elsewhere (models.attention)
-    layer_ops: str = "auto"  # "auto": fused triton kernels on CUDA, eager torch elsewhere (models.kernels)
+    layer_ops: str = "auto"  # "auto": fused triton kernels on CUDA, onednn on the CPU (models.kernels)
     max_model_len: int | None = None  # None: the model's context (attention), 4096 (recurrent, convolutional, SSM)
     generation_config: str = "auto"  # "auto": sampling defaults from the checkpoint's generation_config.json; "none"
     chat_templates: list[str] = field(default_factory=list)  # [NAME=]FILE: a Jinja chat template for NAME (or all)
@@ -171,8 +171,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "PyTorch SDPA, any device) or triton (one kernel reading the blocks in place)",
         choices=("auto", *ATTENTION_BACKENDS))
     arg("--layer-ops", str, d.layer_ops,
-        "how Transformers run RMSNorm (with the residual add), RoPE and the gated MLP's activation: auto (triton "
-        "on CUDA, torch elsewhere), torch (eager PyTorch, a kernel per elementwise operation) or triton (one fused "
+        "how Transformers run RMSNorm (with the residual add), RoPE, the gated MLP's activation and their linear "
+        "layers: auto (triton on CUDA, onednn on the CPU), torch (eager PyTorch, a kernel per elementwise "
+        "operation), onednn (torch's, with linear layers over weights oneDNN packs once) or triton (one fused "
         "Triton kernel each; compiled when a model first runs them)",
         choices=("auto", *LAYER_OPS))
     arg("--max-model-len", int, d.max_model_len, "longest prompt + completion, in tokens")

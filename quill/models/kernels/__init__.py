@@ -1,8 +1,9 @@
 """Layer ops: how a Transformer layer runs its small operations, chosen once when a model is loaded.
 
-The ops are RMSNorm (alone, and fused with the residual add before it), RoPE on q and k, and the
-gated MLP's activation. "torch" runs them as eager PyTorch (any device; the CPU default and the
-reference); "triton" fuses each into one kernel (the CUDA default). Like the attention backends
+The ops are RMSNorm (alone, and fused with the residual add before it), RoPE on q and k, the gated
+MLP's activation and the linear layers. "torch" runs them as eager PyTorch (any device; the reference);
+"onednn" is torch's with linear layers over weights packed once for oneDNN (the CPU default); "triton"
+fuses each small op into one kernel (the CUDA default). Like the attention backends
 (quill/models/attention), the model never looks at the device: it calls the ops object it was given.
 """
 

@@ -187,7 +187,7 @@ def load_checkpoint(
     models.attention.ATTENTION_BACKENDS or "auto" (the device's default); checked here, so a
     backend that cannot run on the device fails the load.
     `layer_ops`: how a Transformer's steps run norms, RoPE and the gated activation, a key of
-    models.kernels.LAYER_OPS or "auto" (fused Triton kernels on CUDA, eager PyTorch elsewhere).
+    models.kernels.LAYER_OPS or "auto" (fused Triton kernels on CUDA, oneDNN linears on the CPU).
     `weights`: False loads everything but the weights (the model stays on the meta device): for a
     process that tokenizes and validates while another process runs the model.
     `revision`: for a hub id, the branch, tag or commit (or a unique prefix of a cached one) to
