@@ -16,9 +16,9 @@ import os
 import timeit
 
 from quill.server.engine.core import EngineStats
-from quill.server.engine.messages import UP, StepOutputs
+from quill.server.engine.process.messages import UP, StepOutputs
 from quill.server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob, merge_outputs
-from quill.server.engine.wire import HEADER_BYTES, MessageReader, MessageWriter
+from quill.server.engine.process.wire import HEADER_BYTES, MessageReader, MessageWriter
 
 from .common.hardware import describe_machine
 

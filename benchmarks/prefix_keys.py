@@ -1,4 +1,4 @@
-"""What a prefix-cache key costs per block: the SHA-256 chain (quill/server/engine/prefix.py) beside the Python
+"""What a prefix-cache key costs per block: the SHA-256 chain (quill/server/engine/cache/prefix.py) beside the Python
 `hash()` chain it replaced, and beside the keyed BLAKE2b it was chosen over.
 
     python -m benchmarks.prefix_keys                       # blocks of 16 and 64, a 4096-token prompt
@@ -27,7 +27,7 @@ import time
 from typing import Callable
 
 from quill.models.training.machine import available_cores, cpu_model_name
-from quill.server.engine.prefix import block_keys
+from quill.server.engine.cache.prefix import block_keys
 
 
 def python_hash_keys(token_ids: list[int], block_size: int) -> list:

@@ -19,7 +19,7 @@ from quill.models.loading.location import BUNDLED_DIR
 from quill.models.text.tokenizer_config import read_tokenizer_config
 from quill.server.api.app import create_app
 from quill.server.config import DEFAULT_MODELS, ServerConfig, add_serve_arguments, config_from_args
-from quill.server.engine.process_engine import ProcessEngine
+from quill.server.engine.process.process_engine import ProcessEngine
 from quill.server.hosting import ModelHost
 from tests.conftest import TEST_DEVICE, LiveServer
 from tests.hub_checkpoints import CHAT_MIN_TOKENS, CHAT_PROMPT, snapshot_dir, write_revisions

@@ -1,15 +1,16 @@
 """The engine's public face: what the HTTP routes, the hosting of models and the command line use of it, and
-nothing else. Inside, one engine per model: the scheduler decides each step's work (scheduler.py), the runner runs
-it on the device (runner/), the core commits it and turns it into outputs (core.py), in a thread or a process of
-its own (async_engine.py, process_engine.py) behind the frontend that routes talk to (frontend.py)."""
+nothing else. Inside, one engine per model: the scheduler decides each step's work (scheduler.py) over the caches
+it allocates (cache/: K,V blocks, state slots, prefix keys, the runner's device table, memory sizing), the runner
+runs it on the device (runner/), the core commits it and turns it into outputs (core.py), in a thread or a process
+of its own (process/: async_engine.py, process_engine.py) behind the frontend that routes talk to (frontend.py)."""
 
-from .async_engine import AsyncEngine
+from .process.async_engine import AsyncEngine
 from .core import CacheConfig, EngineConfig, EngineStats
-from .core_process import CoreSpec
-from .frontend import EngineDeadError, EngineFrontend, RequestStream
+from .process.core_process import CoreSpec
+from .process.frontend import EngineDeadError, EngineFrontend, RequestStream
 from .offline import generate
 from .outputs import CompletionOutput, RequestOutput, TokenLogprob
-from .process_engine import EngineStartCancelled, EngineStartError, ProcessEngine
+from .process.process_engine import EngineStartCancelled, EngineStartError, ProcessEngine
 from .scheduler import QueueFullError, SchedulerConfig
 
 __all__ = ["AsyncEngine", "CacheConfig", "CompletionOutput", "CoreSpec", "EngineConfig", "EngineDeadError",

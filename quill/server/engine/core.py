@@ -29,7 +29,7 @@ from .outputs import RequestOutput
 from .runner import ModelRunner, PendingStep, StepResult
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import Sequence, SequenceGroup
-from .state_kinds import plan_state
+from .cache.state_kinds import plan_state
 from .warmup import warm_attention_variants
 
 log = logging.getLogger("quill.engine")

@@ -16,9 +16,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .cache import CacheManager, CacheOp
+from .cache.manager import CacheManager, CacheOp
 from .sequence import Sequence, SequenceGroup, Status
-from .table_edits import TableEdit
+from .cache.table_edits import TableEdit
 
 
 class QueueFullError(RuntimeError):

@@ -20,7 +20,7 @@ def _never_loads(*args, **kwargs):
 
 
 if __name__ in ("__main__", "__mp_main__"):
-    from quill.server.engine import core_process
+    from quill.server.engine.process import core_process
 
     core_process.load_checkpoint = _never_loads
 

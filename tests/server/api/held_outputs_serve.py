@@ -18,7 +18,7 @@ HELD_MESSAGE = "engine held: requests in flight"
 
 if __name__ == "__main__":
     from quill.cli import main
-    from quill.server.engine.frontend import EngineFrontend
+    from quill.server.engine.process.frontend import EngineFrontend
 
     released = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: released.set())  # run on the main thread, never a held one

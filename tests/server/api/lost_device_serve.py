@@ -17,7 +17,7 @@ def _illegal_access(self):
 
 
 if __name__ in ("__main__", "__mp_main__"):
-    from quill.server.engine import core_loop
+    from quill.server.engine.process import core_loop
     from quill.server.engine.core import EngineCore
 
     EngineCore.step = _illegal_access

@@ -6,7 +6,7 @@ import pytest
 
 from quill.server.api.engine_errors import checked, engine_error
 from quill.server.api.errors import APIError
-from quill.server.engine.frontend import EngineDeadError
+from quill.server.engine.process.frontend import EngineDeadError
 from quill.server.engine.outputs import CompletionOutput, RequestOutput
 from quill.server.engine.scheduler import QueueFullError
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from quill.server.api.app import create_app
-from quill.server.engine.frontend import EngineDeadError, RequestStream
+from quill.server.engine.process.frontend import EngineDeadError, RequestStream
 from quill.server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from quill.server.engine.scheduler import QueueFullError
 from tests.conftest import TEST_DEVICE

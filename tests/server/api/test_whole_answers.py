@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from quill.server.api.app import create_app
-from quill.server.engine.frontend import RequestStream
+from quill.server.engine.process.frontend import RequestStream
 from quill.server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob, merge_outputs
 from quill.server.hosting import ModelHost
 from tests.server.api.conftest import server_config

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quill.server.engine import hybrid_cache, kv_blocks, prefix, state_slots
+from quill.server.engine.cache import hybrid_cache, kv_blocks, prefix, state_slots
 from quill.server.engine.core import EngineCore
 
 

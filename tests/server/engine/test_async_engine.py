@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from quill.server.engine.async_engine import AsyncEngine
+from quill.server.engine.process.async_engine import AsyncEngine
 from quill.server.engine.core import CacheConfig, EngineConfig
 from quill.server.engine.scheduler import QueueFullError, SchedulerConfig
 from quill.server.sampling import SamplingParams

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quill.server.engine.cache_table import CacheTable
-from quill.server.engine.table_edits import TableEdit
+from quill.server.engine.cache.cache_table import CacheTable
+from quill.server.engine.cache.table_edits import TableEdit
 
 
 def rows_of(table: CacheTable, lengths: dict[int, int]) -> dict[int, list[int]]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
-from quill.server.engine.core_loop import CoreLoop
+from quill.server.engine.process.core_loop import CoreLoop
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams
 from tests.server.engine.helpers import collect

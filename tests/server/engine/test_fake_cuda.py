@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from quill.models.loading.checkpoint import LoadedModel, resolve_device
-from quill.server.engine import memory
+from quill.server.engine.cache import memory
 from quill.server.engine.runner import read_out
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
-from quill.server.engine.core_loop import CoreLoop
+from quill.server.engine.process.core_loop import CoreLoop
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams
 from tests.conftest import TINY_CONFIGS

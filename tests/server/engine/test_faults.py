@@ -8,12 +8,12 @@ import asyncio
 import pytest
 import torch
 
-from quill.server.engine import core_loop
-from quill.server.engine.async_engine import AsyncEngine
+from quill.server.engine.process import core_loop
+from quill.server.engine.process.async_engine import AsyncEngine
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
-from quill.server.engine.core_loop import CoreLoop
+from quill.server.engine.process.core_loop import CoreLoop
 from quill.server.engine.faults import DeviceLostError, device_lost
-from quill.server.engine.frontend import EngineDeadError
+from quill.server.engine.process.frontend import EngineDeadError
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams
 from tests.server.engine.test_engine import loaded_model

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from quill.server.engine.core import EngineConfig
-from quill.server.engine.frontend import EngineDeadError, EngineFrontend
+from quill.server.engine.process.frontend import EngineDeadError, EngineFrontend
 from quill.server.engine.outputs import CompletionOutput, RequestOutput
 
 

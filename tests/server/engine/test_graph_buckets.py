@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quill.server.engine.cache_table import CacheTable
+from quill.server.engine.cache.cache_table import CacheTable
 from quill.server.engine.graph_buckets import choose_bucket, graph_batch_sizes
 from quill.server.engine.runner.inputs import InputBuffers, Packed
 

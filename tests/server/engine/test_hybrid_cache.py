@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from quill.models.state import HybridState, PagedKVCache, SlotState
-from quill.server.engine.cache_table import CacheTable
-from quill.server.engine.hybrid_cache import HybridCacheManager
-from quill.server.engine.kv_blocks import KVBlockManager
-from quill.server.engine.prefix import block_keys
-from quill.server.engine.state_kinds import KVBlocks, Slots, StateLayout
-from quill.server.engine.state_slots import StateSlotManager
+from quill.server.engine.cache.cache_table import CacheTable
+from quill.server.engine.cache.hybrid_cache import HybridCacheManager
+from quill.server.engine.cache.kv_blocks import KVBlockManager
+from quill.server.engine.cache.prefix import block_keys
+from quill.server.engine.cache.state_kinds import KVBlocks, Slots, StateLayout
+from quill.server.engine.cache.state_slots import StateSlotManager
 from quill.server.sampling import SamplingParams
 from tests.server.engine.helpers import record_hashed_blocks, run_to_completion, scripted_engine
 
@@ -143,7 +143,7 @@ def test_a_hybrids_blocks_take_the_cache_bytes_its_slots_leave():
     from quill.models.state import state_parts
     from quill.server.engine.core import CacheConfig
     from quill.server.engine.scheduler import SchedulerConfig
-    from quill.server.engine.state_kinds import plan_state
+    from quill.server.engine.cache.state_kinds import plan_state
 
     model = ScriptedModel(ScriptedConfig(50, state_kind="hybrid"))
     budget = 2**20

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quill.server.engine.kv_blocks import KVBlockManager
+from quill.server.engine.cache.kv_blocks import KVBlockManager
 from tests.server.engine.helpers import record_hashed_blocks
 
 

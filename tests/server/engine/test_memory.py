@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quill.server.engine import memory
+from quill.server.engine.cache import memory
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
-from quill.server.engine.memory import DEFAULT_CACHE_BYTES, GpuMemory, choose_cache_bytes, kv_cache_bytes, profile_step
+from quill.server.engine.cache.memory import DEFAULT_CACHE_BYTES, GpuMemory, choose_cache_bytes, kv_cache_bytes, profile_step
 from quill.server.engine.scheduler import SchedulerConfig
 from tests.conftest import build_tiny_model
 from tests.server.engine.test_engine import loaded_model

@@ -279,7 +279,7 @@ def test_overlapped_steps_replay_graphs_with_the_eager_answers(tiny_tokenizer, a
 
 
 def test_a_fault_with_a_step_in_flight_fails_its_requests_and_the_engine_goes_on(tiny_tokenizer, monkeypatch):
-    from quill.server.engine.core_loop import CoreLoop
+    from quill.server.engine.process.core_loop import CoreLoop
 
     engine = scripted_engine(tiny_tokenizer, async_scheduling=True)
     loop = CoreLoop(engine)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from quill.server.engine.kv_blocks import KVBlockManager
-from quill.server.engine.prefix import ROOT, block_keys
-from quill.server.engine.state_slots import StateSlotManager
+from quill.server.engine.cache.kv_blocks import KVBlockManager
+from quill.server.engine.cache.prefix import ROOT, block_keys
+from quill.server.engine.cache.state_slots import StateSlotManager
 
 # Two blocks of 4 token ids whose chained Python hashes collide: hash((0, A)) == hash((0, B)), as the old
 # keys (parent hash, tokens) chained them. Found in 20 s by a distinguished-point collision search over

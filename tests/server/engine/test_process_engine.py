@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from quill.models.loading.checkpoint import load_checkpoint
-from quill.server.engine.async_engine import AsyncEngine
+from quill.server.engine.process.async_engine import AsyncEngine
 from quill.server.engine.core import CacheConfig, EngineConfig
-from quill.server.engine.core_process import CoreSpec
-from quill.server.engine.frontend import EngineDeadError
-from quill.server.engine.process_engine import EngineStartCancelled, EngineStartError, ProcessEngine
+from quill.server.engine.process.core_process import CoreSpec
+from quill.server.engine.process.frontend import EngineDeadError
+from quill.server.engine.process.process_engine import EngineStartCancelled, EngineStartError, ProcessEngine
 from quill.server.engine.scheduler import QueueFullError, SchedulerConfig
 from quill.server.sampling import SamplingParams
 from tests.conftest import TEST_DEVICE

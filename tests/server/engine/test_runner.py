@@ -7,7 +7,7 @@ import torch
 
 from quill.models.loading.checkpoint import LoadedModel
 from quill.models.families.scripted import ScriptedConfig, ScriptedModel
-from quill.server.engine.cache_table import CacheTable
+from quill.server.engine.cache.cache_table import CacheTable
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
 from quill.server.sampling import SamplingParams

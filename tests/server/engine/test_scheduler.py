@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from quill.server.engine.kv_blocks import KVBlockManager
+from quill.server.engine.cache.kv_blocks import KVBlockManager
 from quill.server.engine.scheduler import QueueFullError, Scheduler, SchedulerConfig
 from quill.server.engine.sequence import Sequence, SequenceGroup
 from quill.server.sampling.params import SamplingParams
@@ -182,7 +182,7 @@ def test_beams_reach_their_last_token_together():
 
 
 def test_device_work_asked_for_with_nothing_to_run_waits_for_the_next_step():
-    from quill.server.engine.state_slots import StateSlotManager
+    from quill.server.engine.cache.state_slots import StateSlotManager
 
     cache = StateSlotManager(4, 2, 4)
     s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=4), cache)

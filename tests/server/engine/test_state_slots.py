@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from quill.models.state import SlotState
-from quill.server.engine.state_kinds import Slots
-from quill.server.engine.state_slots import StateSlotManager
+from quill.server.engine.cache.state_kinds import Slots
+from quill.server.engine.cache.state_slots import StateSlotManager
 
 
 class Applied(StateSlotManager):

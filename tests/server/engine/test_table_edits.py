@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from quill.server.engine.kv_blocks import KVBlockManager
+from quill.server.engine.cache.kv_blocks import KVBlockManager
 from quill.server.engine.scheduler import Scheduler, SchedulerConfig
 from quill.server.engine.sequence import Sequence, SequenceGroup
-from quill.server.engine.state_slots import StateSlotManager
-from quill.server.engine.table_edits import TableEdit
+from quill.server.engine.cache.state_slots import StateSlotManager
+from quill.server.engine.cache.table_edits import TableEdit
 from quill.server.sampling import SamplingParams
 
 

@@ -7,11 +7,11 @@ import os
 import pytest
 
 from quill.server.engine.core import EngineStats
-from quill.server.engine.messages import (DOWN, UP, AbortRequest, AddRequest, CoreInfo, Failed, MessageKind, Ready,
+from quill.server.engine.process.messages import (DOWN, UP, AbortRequest, AddRequest, CoreInfo, Failed, MessageKind, Ready,
                                           Refusal, RefusalKind, StepOutputs, Stop)
 from quill.server.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from quill.server.engine.scheduler import QueueFullError
-from quill.server.engine.wire import FrameReader, MessageReader, MessageWriter, write_frame
+from quill.server.engine.process.wire import FrameReader, MessageReader, MessageWriter, write_frame
 from quill.server.sampling import SamplingParams
 
 

@@ -10,9 +10,9 @@ import torch
 from quill.models.batch import StepBatch
 from quill.models.host_copy import host_tensor
 
-from ..cache_table import CacheTable
+from ..cache.cache_table import CacheTable
 from ..sequence import Sequence, SequenceGroup
-from ..state_kinds import StateLayout
+from ..cache.state_kinds import StateLayout
 
 
 @dataclass

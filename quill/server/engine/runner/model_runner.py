@@ -8,11 +8,11 @@ from quill.models.loading.checkpoint import LoadedModel
 from quill.models.host_copy import to_device
 from quill.server.sampling.table import RowFlags, SamplingTable
 
-from ..cache_table import CacheTable
+from ..cache.cache_table import CacheTable
 from ..cuda_graphs import GraphCapture
 from ..grammar_masks import GrammarMasks
 from ..scheduler import ScheduledBatch
-from ..state_kinds import StateLayout
+from ..cache.state_kinds import StateLayout
 from .graphs import DecodeGraphs
 from .decode_rows import DecodeRows, delta_inputs, plain_tail
 from .inputs import InputBuffers, LogitRows, Packed, pack

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 
-from .core import EngineStats
+from ..core import EngineStats
 from .core_process import CoreSpec, run_core_process
 from .frontend import EngineFrontend
 from .messages import UP, AbortRequest, AddRequest, CoreInfo, Failed, Message, MessageKind, Stop

@@ -14,9 +14,9 @@ import msgspec
 
 from quill.server.sampling import SamplingParams
 
-from .core import EngineStats
-from .outputs import RequestOutput
-from .scheduler import QueueFullError
+from ..core import EngineStats
+from ..outputs import RequestOutput
+from ..scheduler import QueueFullError
 
 
 class MessageKind(enum.IntEnum):

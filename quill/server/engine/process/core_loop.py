@@ -13,12 +13,12 @@ import logging
 
 import torch
 
-from .core import EngineCore
-from .current_device import make_current
-from .cpu_threads import StepThreads
-from .faults import DeviceLostError, device_lost
-from .outputs import CompletionOutput, RequestOutput
-from .scheduler import QueueFullError
+from ..core import EngineCore
+from ..current_device import make_current
+from ..cpu_threads import StepThreads
+from ..faults import DeviceLostError, device_lost
+from ..outputs import CompletionOutput, RequestOutput
+from ..scheduler import QueueFullError
 
 log = logging.getLogger("quill.engine")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .cache import CacheOp
+from .manager import CacheOp
 from .prefix import ROOT, BlockKey, block_keys
 from .table_edits import TableEdits
 from .unfinished_keys import UnfinishedKeys

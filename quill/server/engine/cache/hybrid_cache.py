@@ -9,7 +9,7 @@ block boundaries (the slot manager's interval is the block size), so a snapshot'
 
 from __future__ import annotations
 
-from .cache import CacheOp
+from .manager import CacheOp
 from .kv_blocks import KVBlockManager
 from .prefix import block_keys
 from .state_slots import StateSlotManager

@@ -14,9 +14,9 @@ from collections import deque
 
 from quill.models.loading.checkpoint import LoadedModel
 
-from .core import EngineConfig, EngineCore
+from ..core import EngineConfig, EngineCore
 from .core_loop import CoreLoop
-from .cpu_threads import StepThreads
+from ..cpu_threads import StepThreads
 from .frontend import EngineFrontend
 from .messages import AbortRequest, AddRequest, MessageKind
 

@@ -16,9 +16,9 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 
-from .core import EngineConfig, EngineStats
-from .outputs import RequestOutput, merge_outputs
-from .scheduler import QueueFullError
+from ..core import EngineConfig, EngineStats
+from ..outputs import RequestOutput, merge_outputs
+from ..scheduler import QueueFullError
 
 
 class EngineDeadError(RuntimeError):

@@ -22,7 +22,7 @@ import torch
 from quill.models.batch import StepBatch
 from quill.models.state import new_model_state, state_parts
 
-from .cache import CacheOp
+from .manager import CacheOp
 from .hybrid_cache import HybridCacheManager
 from .kv_blocks import KVBlockManager
 from .memory import DEFAULT_CACHE_BYTES, choose_cache_bytes

@@ -24,10 +24,10 @@ from multiprocessing.connection import Connection
 from quill.models.loading.checkpoint import load_checkpoint
 from quill.models.loading.location import ModelLocation
 
-from .core import EngineConfig, EngineCore
+from ..core import EngineConfig, EngineCore
 from .core_loop import CoreLoop
-from .cpu_threads import StepThreads
-from .faults import DeviceLostError
+from ..cpu_threads import StepThreads
+from ..faults import DeviceLostError
 from .messages import DOWN, CoreInfo, Failed, MessageKind, Ready, Refusal, StepOutputs
 from .wire import MessageReader, MessageWriter
 
