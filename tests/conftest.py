@@ -61,6 +61,15 @@ TINY_CONFIGS = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cpu_attention_kernel():
+    """The CPU attention kernel built before the first test (about 30 s on a fresh machine, then cached), not
+    inside a test that waits on a server with a deadline; its reason where it cannot build."""
+    from quill.models.attention.cpu_kernel import kernel
+
+    return kernel()
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> Tokenizer:
     return Tokenizer(build_hf_tokenizer(), eos_token_id=0)

@@ -49,6 +49,8 @@ def test_the_wheel_holds_the_quill_package_alone(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"quill"}
-    # what the server needs besides code comes with it: the bundled checkpoints and the playground page
+    # what the server needs besides code comes with it: the bundled checkpoints, the playground page, the source
+    # of the CPU attention kernel (built on the machine that runs it)
     assert any(n.startswith("quill/models/checkpoints/shakespeare-lstm/") for n in names)
     assert "quill/server/api/playground/playground.js" in names
+    assert "quill/models/attention/cpu_paged_decode.cpp" in names

@@ -31,7 +31,7 @@ class ServerConfig:
     cache_bytes: int | None = None  # per model (K,V, or state snapshots); None: from the GPU on CUDA, else 256 MiB
     gpu_memory_utilization: float = 0.9  # of the GPU's memory: weights, activations and K,V caches of all models
     block_size: int = 16
-    attention_backend: str = "auto"  # "auto": triton on CUDA, sdpa elsewhere (models.attention)
+    attention_backend: str = "auto"  # "auto": triton on CUDA, cpu on the CPU where it builds (models.attention)
     layer_ops: str = "auto"  # "auto": fused triton kernels on CUDA, onednn on the CPU (models.kernels)
     max_model_len: int | None = None  # None: the model's context (attention), 4096 (recurrent, convolutional, SSM)
     generation_config: str = "auto"  # "auto": sampling defaults from the checkpoint's generation_config.json; "none"
@@ -167,8 +167,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "shared equally by the hosted models; the caches take what a profiling step leaves (--cache-bytes wins)")
     arg("--block-size", int, d.block_size, "tokens per cache block and prefix-cache granularity")
     arg("--attention-backend", str, d.attention_backend,
-        "how Transformers read their paged K,V cache: auto (triton on CUDA, sdpa elsewhere), sdpa (gather + "
-        "PyTorch SDPA, any device) or triton (one kernel reading the blocks in place)",
+        "how Transformers read their paged K,V cache: auto (triton on CUDA, cpu on the CPU where its kernel "
+        "builds, else sdpa), sdpa (gather + PyTorch SDPA, any device), cpu (decodes through a C++ kernel reading "
+        "the blocks in place, built on the machine) or triton (one kernel reading the blocks in place)",
         choices=("auto", *ATTENTION_BACKENDS))
     arg("--layer-ops", str, d.layer_ops,
         "how Transformers run RMSNorm (with the residual add), RoPE, the gated MLP's activation and their linear "

@@ -23,7 +23,7 @@ BASE_IMAGE_COMMANDS = {
     "python:": {"apt-get", "rm", "mkdir", "chown", "groupadd", "useradd", "python3"},
     "nvidia/cuda:": {"apt-get", "rm", "mkdir", "chown", "groupadd", "useradd"},
 }
-APT_PACKAGE_COMMANDS = {"python3": {"python3"}, "python3-venv": set()}
+APT_PACKAGE_COMMANDS = {"python3": {"python3"}, "python3-venv": set(), "g++": {"g++"}}
 
 
 # ---- a small Dockerfile parser -------------------------------------------------------------------

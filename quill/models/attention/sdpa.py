@@ -34,6 +34,7 @@ class _Part:
     query_len: int
     block_tables: torch.Tensor  # (num_seqs, max_blocks)
     mask: torch.Tensor  # (num_seqs, 1, query_len, max_blocks * block_size)
+    lengths: torch.Tensor | None = None  # (num_seqs,) a decode part's keys per sequence: its position + 1
     buffers: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
 
@@ -72,17 +73,22 @@ def _decode_part(seqs: list[int], starts: list[int], batch: StepBatch, block_siz
     blocks = tables.shape[1]
     if device.type == "cpu":  # no wider than the group's longest context
         blocks = int(query_pos.max()) // block_size + 1
-    return _Part(tokens, len(seqs), 1, tables[rows, :blocks], _mask(query_pos, blocks * block_size))
+    return _Part(tokens, len(seqs), 1, tables[rows, :blocks], _mask(query_pos, blocks * block_size),
+                 lengths=query_pos[:, 0] + 1)
 
 
-def _parts(batch: StepBatch, block_size: int) -> list[_Part] | None:
-    """The step's decodes in groups, then each prompt chunk on its own; None where that is the whole step padded
-    together (decodes alone in one group, or chunks of one length alone)."""
+def _parts(batch: StepBatch, block_size: int, group_decodes: bool = True) -> list[_Part] | None:
+    """The step's decodes (in groups of similar context where `group_decodes`), then each prompt chunk on its
+    own; None where that is the whole step padded together (decodes alone in one group, or chunks of one length
+    alone) and `group_decodes`."""
     lens = batch.query_lens
     starts = list(accumulate(lens, initial=0))
     decodes = [i for i, n in enumerate(lens) if n == 1]
-    groups = _decode_groups(decodes, starts, batch.positions) if decodes else []
-    if not batch.is_padded and len(groups) <= 1:
+    if not decodes:
+        groups = []
+    else:
+        groups = _decode_groups(decodes, starts, batch.positions) if group_decodes else [decodes]
+    if group_decodes and not batch.is_padded and len(groups) <= 1:
         return None
     parts = [_decode_part(group, starts, batch, block_size) for group in groups]
     width = batch.block_tables.shape[1] * block_size
@@ -132,14 +138,18 @@ class SdpaPagedAttention:
             return self.batch.unpad(out.transpose(1, 2).flatten(-2))
         out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
         for part in self.parts:
-            keys, values = self._gather_part(part, k_cache, v_cache)
-            queries = q[part.tokens].view(part.num_seqs, part.query_len, *q.shape[1:])
-            attended = F.scaled_dot_product_attention(
-                queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=part.mask,
-                enable_gqa=gqa,
-            )  # (seqs, H, query_len, hd)
-            out[part.tokens] = attended.transpose(1, 2).reshape(-1, out.shape[1])
+            out[part.tokens] = self._attend(part, q[part.tokens], k_cache, v_cache).reshape(-1, out.shape[1])
         return out
+
+    def _attend(self, part: _Part, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """One part's attention: its queries q (tokens, H, hd) -> (tokens, H, hd)."""
+        keys, values = self._gather_part(part, k_cache, v_cache)
+        queries = q.view(part.num_seqs, part.query_len, *q.shape[1:])
+        attended = F.scaled_dot_product_attention(
+            queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=part.mask,
+            enable_gqa=q.shape[1] != k_cache.shape[2],
+        )  # (seqs, H, query_len, hd)
+        return attended.transpose(1, 2).reshape(q.shape)
 
     def gather(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each sequence's keys and values, copied out of its blocks into buffers reused by every layer

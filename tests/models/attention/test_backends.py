@@ -13,12 +13,19 @@ from tests.conftest import KERNEL_DEVICE, build_tiny_model
 V = 300
 
 
-def test_auto_is_sdpa_on_the_cpu_and_caches_carry_their_backend():
-    assert select_attention_backend("auto", "cpu") is SdpaPagedAttention
+def test_auto_is_the_cpu_kernel_on_the_cpu_where_it_builds_and_caches_carry_their_backend(monkeypatch):
+    from quill.models.attention import cpu_backend
+
+    expected = "sdpa" if isinstance(cpu_backend.kernel(), str) else "cpu"
+    assert select_attention_backend("auto", "cpu").name == expected
     _, model = build_tiny_model("transformer-llama", V, device="cpu")
-    assert model.new_state(4, block_size=4).attention is SdpaPagedAttention
+    assert model.new_state(4, block_size=4).attention.name == expected
     model.attention_backend = "sdpa"
     assert model.new_state(4, block_size=4).attention is SdpaPagedAttention
+    monkeypatch.setattr(cpu_backend, "kernel", lambda: "did not build (no compiler)")  # where it cannot build
+    assert select_attention_backend("auto", "cpu") is SdpaPagedAttention
+    with pytest.raises(ValueError, match="needs its C.. kernel, which did not build"):
+        select_attention_backend("cpu", "cpu")
 
 
 def test_load_checkpoint_chooses_the_backend(tmp_path, tiny_tokenizer):
@@ -26,7 +33,8 @@ def test_load_checkpoint_chooses_the_backend(tmp_path, tiny_tokenizer):
 
     arch, model = build_tiny_model("transformer-llama", tiny_tokenizer.vocab_size, device="cpu")
     path = save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32)
-    assert load_checkpoint(path, device="cpu").model.attention_backend == "sdpa"
+    assert load_checkpoint(path, device="cpu", attention_backend="sdpa").model.attention_backend == "sdpa"
+    assert load_checkpoint(path, device="cpu").model.attention_backend == select_attention_backend("auto", "cpu").name
     with pytest.raises(ValueError, match="not 'flash'"):
         load_checkpoint(path, device="cpu", attention_backend="flash")
 

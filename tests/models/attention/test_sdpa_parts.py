@@ -37,7 +37,7 @@ def test_a_mixed_step_in_parts_equals_it_padded_together(key):
     _, model = build_tiny_model(key, V, device="cpu")
     block_size = 4
     tables = [[3, 17, 8, 30, 21, 0], [12, 5, 26, 1, 2, 4], [9, 33, 2, 14, 27, 6], [19, 24, 11, 35, 36, 37]]
-    parts = model.new_state(40, block_size=block_size)
+    parts = model.new_state(40, block_size=block_size, attention_backend="sdpa")
     padded = model.new_state(40, block_size=block_size)
     padded.attention = PaddedTogether
     g = torch.Generator().manual_seed(0)
@@ -60,7 +60,8 @@ def test_decodes_of_very_different_contexts_run_in_groups_equal_to_them_padded_t
     block_size, num_seqs = 4, 40
     lengths = [1 + (i * 7) % 37 for i in range(num_seqs)]  # 1..37 tokens of context, mixed in order
     tables = [[i * 10 + j for j in range(10)] for i in range(num_seqs)]
-    grouped, padded = model.new_state(num_seqs * 10, block_size=block_size), model.new_state(num_seqs * 10,
+    grouped = model.new_state(num_seqs * 10, block_size=block_size, attention_backend="sdpa")
+    padded = model.new_state(num_seqs * 10,
                                                                                             block_size=block_size)
     padded.attention = PaddedTogether
     g = torch.Generator().manual_seed(1)
