@@ -62,7 +62,9 @@ def _decode_groups(decodes: list[int], starts: list[int], positions: torch.Tenso
     return [sorted(decodes[j] for j in group) for group in groups]
 
 
-def _decode_part(seqs: list[int], starts: list[int], batch: StepBatch, block_size: int) -> _Part:
+def _decode_part(seqs: list[int], starts: list[int], batch: StepBatch, block_size: int, narrow: bool) -> _Part:
+    """Decodes attended together. `narrow`: their tables cut to their longest context (a host read of their
+    positions: on the CPU only, and never where a step is captured as a graph)."""
     tables, positions, device = batch.block_tables, batch.positions, batch.block_tables.device
     first, last = starts[seqs[0]], starts[seqs[-1]]
     if last - first == len(seqs) - 1 and seqs[-1] - seqs[0] == len(seqs) - 1:  # contiguous: a persistent batch's
@@ -71,7 +73,7 @@ def _decode_part(seqs: list[int], starts: list[int], batch: StepBatch, block_siz
         tokens, rows = to_device([starts[i] for i in seqs], device, torch.long), to_device(seqs, device, torch.long)
     query_pos = positions[tokens][:, None]
     blocks = tables.shape[1]
-    if device.type == "cpu":  # no wider than the group's longest context
+    if narrow and device.type == "cpu":  # no wider than the group's longest context
         blocks = int(query_pos.max()) // block_size + 1
     return _Part(tokens, len(seqs), 1, tables[rows, :blocks], _mask(query_pos, blocks * block_size),
                  lengths=query_pos[:, 0] + 1)
@@ -90,7 +92,7 @@ def _parts(batch: StepBatch, block_size: int, group_decodes: bool = True) -> lis
         groups = _decode_groups(decodes, starts, batch.positions) if group_decodes else [decodes]
     if group_decodes and not batch.is_padded and len(groups) <= 1:
         return None
-    parts = [_decode_part(group, starts, batch, block_size) for group in groups]
+    parts = [_decode_part(group, starts, batch, block_size, narrow=group_decodes) for group in groups]
     width = batch.block_tables.shape[1] * block_size
     for i, n in enumerate(lens):
         if n > 1:

@@ -224,8 +224,10 @@ class MLP(nn.Module):
         self.activation = config.activation
 
     def forward(self, x: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
-        h = ops.linear(x, self.up.weight, self.up.bias)
-        h = ops.gated_act(h, self.activation) if self.gated else ACTIVATIONS[self.activation](h)
+        if self.gated:
+            h = ops.gated_act(ops.linear(x, self.up.weight, self.up.bias), self.activation)
+        else:
+            h = ops.linear_act(x, self.up.weight, self.up.bias, self.activation)
         return ops.linear(h, self.down.weight, self.down.bias)
 
 

@@ -44,6 +44,10 @@ class LayerOps(Protocol):
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """F.linear(x, weight, bias)."""
 
+    def linear_act(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   activation: str) -> torch.Tensor:
+        """ACTIVATIONS[activation](F.linear(x, weight, bias))."""
+
 
 LAYER_OPS: dict[str, type[LayerOps]] = {"torch": TorchLayerOps, "triton": TritonLayerOps, "onednn": OneDnnLayerOps}
 _REGISTRY = DeviceRegistry("layer ops", LAYER_OPS, reference="torch", defaults={"cuda": "triton", "cpu": "onednn"})

@@ -17,9 +17,12 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .torch_ops import TorchLayerOps
+from .torch_ops import ACTIVATIONS, TorchLayerOps
 
 PACKED_MAX_ROWS = 128
+# ACTIVATIONS' names -> oneDNN's post-op and its algorithm
+FUSED_ACTIVATIONS = {"gelu": ("gelu", [], "none"), "gelu_tanh": ("gelu", [], "tanh"), "relu": ("relu", [], ""),
+                     "silu": ("swish", [], "")}
 
 
 class OneDnnLayerOps(TorchLayerOps):
@@ -39,12 +42,24 @@ class OneDnnLayerOps(TorchLayerOps):
         return None
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        small = x.numel() <= PACKED_MAX_ROWS * x.shape[-1]
-        packed = self._packed_weight(weight) if small and x.dtype == weight.dtype and not torch.is_grad_enabled() \
-            else None
+        packed = self._packed_for(x, weight)
         if packed is None:
             return F.linear(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    def linear_act(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   activation: str) -> torch.Tensor:
+        """With the activation applied by oneDNN as the product is written, where it has it."""
+        packed = self._packed_for(x, weight) if activation in FUSED_ACTIVATIONS else None
+        if packed is None:
+            return ACTIVATIONS[activation](self.linear(x, weight, bias))
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, *FUSED_ACTIVATIONS[activation])
+
+    def _packed_for(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+        """The packed weight where `x` goes the packed way: few rows, the weight's dtype, no gradients."""
+        if x.numel() > PACKED_MAX_ROWS * x.shape[-1] or x.dtype != weight.dtype or torch.is_grad_enabled():
+            return None
+        return self._packed_weight(weight)
 
     def _packed_weight(self, weight: torch.Tensor) -> torch.Tensor | None:
         # an inference tensor keeps no version: only its replacement is seen (it may be changed only in inference)

@@ -48,6 +48,11 @@ class TorchLayerOps:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, weight, bias)
 
+    def linear_act(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   activation: str) -> torch.Tensor:
+        """activation(linear(x)), an MLP's first half."""
+        return ACTIVATIONS[activation](self.linear(x, weight, bias))
+
     def gated_act(self, h: torch.Tensor, activation: str) -> torch.Tensor:
         """h (..., 2F) = [gate; up] -> act(gate) * up (..., F)."""
         gate, up = h.chunk(2, dim=-1)

@@ -70,6 +70,10 @@ class TritonLayerOps:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return TORCH_OPS.linear(x, weight, bias)
 
+    def linear_act(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   activation: str) -> torch.Tensor:
+        return TORCH_OPS.linear_act(x, weight, bias, activation)
+
     def gated_act(self, h: torch.Tensor, activation: str) -> torch.Tensor:
         if activation not in self._activations:
             return TORCH_OPS.gated_act(h, activation)

@@ -79,3 +79,15 @@ def test_inputs_of_many_rows_keep_f_linear():
         assert not ops.is_packed(weight)
         ops.linear(x[:PACKED_MAX_ROWS], weight, None)
         assert ops.is_packed(weight)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "silu"])
+def test_an_activation_fused_into_the_product_equals_it_applied_after(activation):
+    from quill.models.kernels.torch_ops import ACTIVATIONS
+
+    ops = OneDnnLayerOps()
+    weight, bias, x = torch.randn(40, 24), torch.randn(40), torch.randn(6, 24)
+    with torch.inference_mode():
+        fused = ops.linear_act(x, weight, bias, activation)
+        assert ops.is_packed(weight)
+        torch.testing.assert_close(fused, ACTIVATIONS[activation](F.linear(x, weight, bias)), atol=1e-5, rtol=1e-5)
