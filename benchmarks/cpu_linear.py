@@ -3,7 +3,7 @@
     python -m benchmarks.cpu_linear                 # GPT-2-small shapes, 64 and 256 rows, float32 and bfloat16
     python -m benchmarks.cpu_linear --threads 1
 
-Each shape is timed through both paths in the same sitting (median of `--repeats` calls after warm-up), in
+Each shape is timed through both paths in the same sitting (the best of `--repeats` calls after warm-up), in
 GFLOP/s. bfloat16 is packed only where this CPU's oneDNN has a kernel for it (AVX-512 or AVX-NE-CONVERT);
 elsewhere its row says so.
 """
@@ -11,28 +11,15 @@ elsewhere its row says so.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from quill.models.kernels.onednn_ops import OneDnnLayerOps
 
-from .common.hardware import describe_machine
+from .common.hardware import best_seconds, describe_machine
 
 SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 32000)]  # qkv, out, up, down, logits
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -53,12 +40,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     ops = OneDnnLayerOps()
                     ops.linear(x, w, b)
                     flops = 2 * m * k * n
-                    plain = flops / _median_seconds(lambda: F.linear(x, w, b), args.repeats) / 1e9
+                    plain = flops / best_seconds(lambda: F.linear(x, w, b), args.repeats) / 1e9
                     label = f"{str(dtype).removeprefix('torch.'):8s} {m:4d} rows {k:5d} -> {n:5d}"
                     if not ops.is_packed(w):
                         print(f"{label}: F.linear {plain:6.0f} GFLOP/s; oneDNN cannot pack {dtype} on this CPU")
                         continue
-                    packed = flops / _median_seconds(lambda: ops.linear(x, w, b), args.repeats) / 1e9
+                    packed = flops / best_seconds(lambda: ops.linear(x, w, b), args.repeats) / 1e9
                     rows.append({"dtype": str(dtype), "rows": m, "in": k, "out": n, "f_linear_gflops": plain,
                                  "onednn_gflops": packed})
                     print(f"{label}: F.linear {plain:6.0f} GFLOP/s, oneDNN packed {packed:6.0f} ({packed / plain:.2f}x)")
