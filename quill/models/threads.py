@@ -8,17 +8,50 @@ few probe steps and the fastest (median step time) is kept, until `retune_every`
 steps turn `slowdown` times slower than the winner's probes (someone else started work).
 """
 
+import math
 import os
 import statistics
 from collections import Counter
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT, own: Path = Path("/proc/self/cgroup")) -> float | None:
+    """CPUs this process's cgroup may use per period (a container's --cpus, a pod's CPU limit), None where no
+    quota is set. cgroup v2's cpu.max in the process's own group (`own` names it), else v1's cfs quota."""
+    group = ""
+    try:
+        for line in own.read_text().splitlines():
+            if line.startswith("0::"):
+                group = line[3:].strip().lstrip("/")
+    except OSError:
+        pass
+    for folder in dict.fromkeys((root / group, root)):  # a container sees its own group at the root
+        try:
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        return None if quota == "max" else int(quota) / int(period)
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def available_cores() -> int:
-    """Cores this process may run on (affinity/cgroup-aware where the OS tells us), at least 1."""
+    """Cores this process may run on: its affinity mask, capped by its cgroup's CPU quota (rounded up), at least
+    1. torch's own default counts the machine's cores, quota or not."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        cores = min(cores, math.ceil(limit))
+    return max(1, cores)
 
 
 class ThreadTuner:

@@ -39,3 +39,38 @@ def test_a_fixed_thread_count_is_never_probed():
 def test_available_cores_follow_the_affinity_mask():
     with mock.patch("os.sched_getaffinity", return_value={0, 3}, create=True):
         assert available_cores() == 2
+
+
+def _cgroup(tmp_path, files: dict[str, str], own: str = "0::/\n"):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "self").write_text(own)
+    return {"root": tmp_path, "own": tmp_path / "self"}
+
+
+def test_the_cgroup_quota_is_read_from_v2_v1_or_nowhere(tmp_path):
+    from quill.models.threads import cgroup_cpu_limit
+
+    assert cgroup_cpu_limit(**_cgroup(tmp_path / "a", {"cpu.max": "150000 100000\n"})) == 1.5
+    assert cgroup_cpu_limit(**_cgroup(tmp_path / "b", {"cpu.max": "max 100000\n"})) is None
+    own_group = {"kubepods/pod1/cpu.max": "50000 100000\n", "cpu.max": "max 100000\n"}
+    assert cgroup_cpu_limit(**_cgroup(tmp_path / "c", own_group, own="0::/kubepods/pod1\n")) == 0.5
+    v1 = {"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}
+    assert cgroup_cpu_limit(**_cgroup(tmp_path / "d", v1, own="1:cpu:/\n")) == 2.0
+    assert cgroup_cpu_limit(**_cgroup(tmp_path / "e", {"cpu/cpu.cfs_quota_us": "-1\n",
+                                                       "cpu/cpu.cfs_period_us": "100000\n"})) is None
+    assert cgroup_cpu_limit(**_cgroup(tmp_path / "f", {})) is None
+
+
+def test_available_cores_are_the_affinity_capped_by_the_quota(monkeypatch):
+    from quill.models import threads
+
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
+    assert threads.available_cores() == 4
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: 1.5)
+    assert threads.available_cores() == 2
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: 0.2)
+    assert threads.available_cores() == 1

@@ -37,3 +37,12 @@ class StepThreads:
         """Only decode-only steps are timed: their cost per sequence is comparable from step to step."""
         if stats.num_seqs and stats.num_tokens == stats.num_seqs:
             self.tuner.record(self.current, (time.perf_counter() - self._started) / stats.num_seqs)
+
+
+def step_threads(device: torch.device, threads: int | str | None) -> StepThreads | None:
+    """What an engine's steps on `device` run with: on the CPU, `threads` if a number, re-picked among the cores
+    this process may use (its affinity mask capped by its cgroup's CPU quota) if "auto"; None (torch's own count)
+    off the CPU or without `threads`."""
+    if device.type != "cpu" or threads is None:
+        return None
+    return StepThreads(None if threads == "auto" else threads)

@@ -16,7 +16,7 @@ from quill.models.loading.checkpoint import LoadedModel
 
 from ..core import EngineConfig, EngineCore
 from .core_loop import CoreLoop
-from ..cpu_threads import StepThreads
+from ..cpu_threads import step_threads
 from .frontend import EngineFrontend
 from .messages import AbortRequest, AddRequest, MessageKind
 
@@ -31,9 +31,7 @@ class AsyncEngine(EngineFrontend):
         counts), or None (torch's choice)."""
         self.core = EngineCore(loaded, config)
         super().__init__(name or loaded.name, self.core.config)
-        self.threads = None
-        if loaded.device.type == "cpu" and threads is not None:
-            self.threads = StepThreads(None if threads == "auto" else threads)
+        self.threads = step_threads(loaded.device, threads)
         self._inbox: deque[AddRequest | AbortRequest] = deque()  # what ProcessEngine sends down its pipe, not encoded
         self._wake = threading.Event()
         self._stop = threading.Event()

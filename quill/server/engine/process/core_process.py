@@ -26,7 +26,7 @@ from quill.models.loading.location import ModelLocation
 
 from ..core import EngineConfig, EngineCore
 from .core_loop import CoreLoop
-from ..cpu_threads import StepThreads
+from ..cpu_threads import step_threads
 from ..faults import DeviceLostError
 from .messages import DOWN, CoreInfo, Failed, MessageKind, Ready, Refusal, StepOutputs
 from .wire import MessageReader, MessageWriter
@@ -60,9 +60,7 @@ def run_core_process(conn: Connection, up: Connection, spec: CoreSpec) -> None:
     except Exception as e:  # CheckpointError, a bad device or dtype, out of memory: all told to the API process
         writer.send([Failed(str(e) or type(e).__name__)])
         return
-    threads = None
-    if loaded.device.type == "cpu" and spec.threads is not None:
-        threads = StepThreads(None if spec.threads == "auto" else spec.threads)
+    threads = step_threads(loaded.device, spec.threads)
     writer.send([Ready(CoreInfo(str(loaded.device), str(loaded.dtype).removeprefix("torch."), core.cache_bytes,
                                 core.describe_cache()))])
     try:
