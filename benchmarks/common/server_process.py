@@ -78,14 +78,18 @@ def with_serve_args(config: ServerConfig, extra_args: list[str]) -> ServerConfig
     return config_from_args(args)
 
 
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)  # drains: nothing is in flight by now, so it exits at once
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def stop_process(process: subprocess.Popen, group: bool = False) -> None:
+    """SIGTERM (a server drains: nothing is in flight by now, so it exits at once), SIGKILL after a minute.
+    `group`: to the process's whole group (one started with start_new_session, whose children serve too)."""
+    if process.poll() is not None:
+        return
+    send = (lambda sig: os.killpg(process.pid, sig)) if group else process.send_signal
+    send(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        process.wait()
 
 
 @contextmanager
@@ -118,12 +122,12 @@ def server_process(config: ServerConfig, ready_timeout: float, threads: int | No
             try:
                 wait_until_ready(url, ready_timeout, interval=0.2, still_starting=lambda: process.poll() is None)
             except (RuntimeError, TimeoutError) as e:
-                _stop(process)
+                stop_process(process)
                 log.seek(0)
                 raise RuntimeError(f"{e}; its output:\n{log.read()[-4000:]}") from None
             yield url, process
         finally:
-            _stop(process)
+            stop_process(process)
 
 
 def cpu_seconds(pid: int) -> float | None:

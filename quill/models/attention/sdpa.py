@@ -14,6 +14,7 @@ context length, so that a short context is not gathered and attended out to the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import accumulate
 
 import torch
@@ -33,9 +34,19 @@ class _Part:
     num_seqs: int
     query_len: int
     block_tables: torch.Tensor  # (num_seqs, max_blocks)
-    mask: torch.Tensor  # (num_seqs, 1, query_len, max_blocks * block_size)
-    lengths: torch.Tensor | None = None  # (num_seqs,) a decode part's keys per sequence: its position + 1
+    query_pos: torch.Tensor  # (num_seqs, query_len) each query row's position
+    width: int  # keys gathered per sequence: max_blocks * block_size
     buffers: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    @cached_property
+    def mask(self) -> torch.Tensor:
+        """(num_seqs, 1, query_len, width): which keys each query row sees (made once, for SDPA only)."""
+        return _mask(self.query_pos, self.width)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(num_seqs,) a decode part's keys per sequence: its position + 1."""
+        return self.query_pos[:, 0] + 1
 
 
 MAX_DECODE_GROUPS, MIN_DECODE_GROUP = 4, 16  # a group's ops cost about what padding 16 rows does
@@ -75,8 +86,7 @@ def _decode_part(seqs: list[int], starts: list[int], batch: StepBatch, block_siz
     blocks = tables.shape[1]
     if narrow and device.type == "cpu":  # no wider than the group's longest context
         blocks = int(query_pos.max()) // block_size + 1
-    return _Part(tokens, len(seqs), 1, tables[rows, :blocks], _mask(query_pos, blocks * block_size),
-                 lengths=query_pos[:, 0] + 1)
+    return _Part(tokens, len(seqs), 1, tables[rows, :blocks], query_pos, blocks * block_size)
 
 
 def _parts(batch: StepBatch, block_size: int, group_decodes: bool = True) -> list[_Part] | None:
@@ -97,8 +107,7 @@ def _parts(batch: StepBatch, block_size: int, group_decodes: bool = True) -> lis
     for i, n in enumerate(lens):
         if n > 1:
             tokens = slice(starts[i], starts[i + 1])
-            parts.append(_Part(tokens, 1, n, batch.block_tables[i : i + 1],
-                               _mask(batch.positions[tokens][None], width)))
+            parts.append(_Part(tokens, 1, n, batch.block_tables[i : i + 1], batch.positions[tokens][None], width))
     return parts
 
 

@@ -3,6 +3,8 @@ blocks, in decode-only and mixed steps, with grouped-query heads, and whatever t
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -12,8 +14,14 @@ from quill.models.batch import StepBatch
 from tests.conftest import build_tiny_model
 
 BUILT = kernel()
-pytestmark = pytest.mark.skipif(isinstance(BUILT, str), reason=f"the CPU attention kernel {BUILT}")
+# Only a machine without a C++ compiler may lack the kernel; where there is one, a failed build fails the tests.
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                                reason="no C++ compiler to build the CPU attention kernel with")
 V = 300
+
+
+def test_the_kernel_builds_where_there_is_a_compiler():
+    assert not isinstance(BUILT, str), f"the CPU attention kernel {BUILT}"
 
 
 def test_the_kernel_equals_softmax_attention_over_its_blocks():
@@ -23,7 +31,7 @@ def test_the_kernel_equals_softmax_attention_over_its_blocks():
     tables = torch.tensor([[7, 2, 9, 0], [1, 11, 3, 5], [4, 6, 8, 10]])
     lengths = torch.tensor([1, 14, 9])
     q = torch.randn(3, heads, dim, generator=g)
-    out = BUILT.paged_decode_attention(q, k_cache, v_cache, tables, lengths, dim ** -0.5)
+    out = kernel().paged_decode_attention(q, k_cache, v_cache, tables, lengths, dim ** -0.5)
     for b in range(3):
         n = int(lengths[b])
         keys = k_cache[tables[b]].flatten(0, 1)[:n].repeat_interleave(heads // kv_heads, 1)  # (n, heads, dim)
