@@ -28,6 +28,9 @@ class StepBatch:
     # (K,) bool per scored row: True where only the argmax is read, so a model that declares `cheap_argmax`
     # may return the argmax's log-probability there and -inf elsewhere. None: every row needs all its scores.
     argmax_only: torch.Tensor | None = None
+    # Encoder-decoder models: each sequence's encoder output, as blocks of the state's EncoderCache, and its length
+    cross_tables: torch.Tensor | None = None  # (B, max_source_blocks)
+    cross_lens: torch.Tensor | None = None  # (B,) source tokens
 
     @property
     def num_seqs(self) -> int:

@@ -87,7 +87,7 @@ class PagedKVCache:
 
 def holds_kv(model) -> bool:
     """Whether the model keeps K,V blocks (it attends over a context, whose length its positions bound)."""
-    return model.state_kind in (PagedKVCache.kind, HybridState.kind)
+    return model.state_kind in (PagedKVCache.kind, HybridState.kind, EncoderDecoderState.kind)
 
 
 class HybridState:
@@ -101,21 +101,55 @@ class HybridState:
         self.slots = slots
 
 
+class EncoderCache:
+    """An encoder-decoder model's encoder output: every decoder layer's cross-attention K,V of each request's
+    source, (n_layers, num_blocks, block_size, n_heads, head_dim), in blocks that every sequence of the request
+    reads (beams and samples share them: nothing here is copied on a fork)."""
+
+    kind = "encoder"
+
+    def __init__(self, n_layers, num_blocks, block_size, n_heads, head_dim, dtype, device):
+        shape = (n_layers, num_blocks, block_size, n_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+    @property
+    def bytes_per_block(self) -> int:
+        return 2 * self.k[:, 0].numel() * self.k.element_size()
+
+
+class EncoderDecoderState:
+    """An encoder-decoder model's state: its decoder's self-attention K,V blocks (`kv`, per sequence, copied on
+    write like a decoder-only Transformer's) and its encoder output (`encoder`, per request)."""
+
+    kind = "encoder_decoder"
+
+    def __init__(self, kv: PagedKVCache, encoder: EncoderCache):
+        self.kv = kv
+        self.encoder = encoder
+
+
 def new_model_state(model, num_blocks: int, num_slots: int, block_size: int | None):
     """A model's state with room for `num_blocks` K,V blocks and `num_slots` slots, of the kinds it holds (each
     model's `new_state` takes only its own): a Transformer's blocks, a recurrent model's slots, a hybrid's both.
     `block_size`: tokens per K,V block (None for a model without K,V)."""
     if model.state_kind == HybridState.kind:
         return model.new_state(num_blocks, num_slots, block_size=block_size)
+    if model.state_kind == EncoderDecoderState.kind:  # its encoder blocks are sized apart (new_state's default: 1)
+        return model.new_state(num_blocks, block_size=block_size)
     if model.state_kind == PagedKVCache.kind:
         return model.new_state(num_blocks, block_size=block_size)
     if model.state_kind == SlotState.kind:
         return model.new_state(num_slots)
-    raise ValueError(f"unknown state kind {model.state_kind!r} (known: paged_kv, slots, hybrid)")
+    raise ValueError(f"unknown state kind {model.state_kind!r} (known: paged_kv, slots, hybrid, encoder_decoder)")
 
 
 def state_parts(state) -> tuple[PagedKVCache | None, SlotState | None]:
     """A model's state as its K,V blocks and its slots, None for a kind it does not hold."""
     if state.kind == HybridState.kind:
         return state.kv, state.slots
+    if state.kind == EncoderDecoderState.kind:
+        return state.kv, None
     return (state, None) if state.kind == PagedKVCache.kind else (None, state)

@@ -7,6 +7,7 @@ from .lstm import LSTMConfig, LSTMLanguageModel
 from .mamba import MambaConfig, MambaLanguageModel
 from .mamba2 import Mamba2Config, Mamba2LanguageModel
 from .scripted import ScriptedConfig, ScriptedModel
+from .seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from .transformer import TransformerConfig, TransformerLanguageModel
 from .xlstm import XLSTMConfig, XLSTMLanguageModel
 
@@ -19,5 +20,6 @@ ARCHITECTURES = {
     "mamba2": (Mamba2Config, Mamba2LanguageModel),  # Hugging Face Mamba2ForCausalLM
     "xlstm": (XLSTMConfig, XLSTMLanguageModel),  # Hugging Face xLSTMForCausalLM, read by models.hf_families
     "mamba": (MambaConfig, MambaLanguageModel),  # Mamba-1 and Falcon-Mamba (Hugging Face checkpoints)
+    "seq2seq": (Seq2SeqConfig, Seq2SeqTransformer),  # encoder-decoder: Marian, BART, mBART, M2M100 (Hugging Face)
     "scripted": (ScriptedConfig, ScriptedModel),  # no compute: for measuring the engine and the server
 }

@@ -16,10 +16,13 @@ from typing import Callable
 import torch
 
 from ..families.transformer import TransformerConfig
-from .hf_families import FAMILIES, Family
+from .hf_families import FAMILIES as DECODER_FAMILIES
+from .hf_families import Family
+from .hf_seq2seq import SEQ2SEQ_FAMILIES
 
+FAMILIES: dict[str, Family] = {**DECODER_FAMILIES, **SEQ2SEQ_FAMILIES}
 HF_MODEL_TYPES = tuple(FAMILIES)
-_LAYER = re.compile(r"^layers\.(\d+)\.")
+_LAYER = re.compile(r"\blayers\.(\d+)\.")  # a layer's index, in a stack's name ("encoder.layers.3.") or alone
 
 
 @dataclass
@@ -67,6 +70,12 @@ def config_from_hf(raw: dict) -> tuple[TransformerConfig, list[int]]:
     return config, eos_ids(raw)
 
 
+def _present(name: str, names: set[str]) -> str:
+    """"a|b": the first of a and b the checkpoint holds (a tied tensor saved under either name); else `name`."""
+    choices = name.split("|")
+    return next((n for n in choices if n in names), choices[0])
+
+
 def tensor_sources(config: TransformerConfig, params: Iterable[str], names: set[str]) -> list[TensorSource]:
     """Where each of our parameters `params` comes from, given the tensor names the checkpoint holds."""
     family = FAMILIES[config.extra["hf_model_type"]]
@@ -76,12 +85,12 @@ def tensor_sources(config: TransformerConfig, params: Iterable[str], names: set[
     prefix = family.prefix if any(n.startswith(family.prefix) for n in names) else ""
     out = []
     for param in params:
-        layer = _LAYER.match(param)
+        layer = _LAYER.search(param)
         key = _LAYER.sub("layers.{i}.", param)
         stem, _, kind = key.rpartition(".")
         source = family.tensors.get(key) or family.tensors.get(stem + ".{w}")
         if source is None:  # our model grew a parameter the family's table does not know
             raise ValueError(f"no {config.extra['hf_model_type']} checkpoint tensor is known for parameter {param!r}")
         fill = dict(p=prefix, i=layer.group(1) if layer else "", w=kind)
-        out.append(TensorSource(param, [n.format(**fill) for n in source.names], source.combine))
+        out.append(TensorSource(param, [_present(n.format(**fill), names) for n in source.names], source.combine))
     return out

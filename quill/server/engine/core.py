@@ -93,13 +93,14 @@ class EngineCore:
         self.config = config or EngineConfig()
         self.tokenizer = loaded.tokenizer
         model, cache_cfg, sched_cfg = loaded.model, self.config.cache, self.config.scheduler
-        if loaded.device.type == "cuda":  # compiled before the cache is sized and before /ready (warmup.py)
+        # compiled before the cache is sized and before /ready (warmup.py)
+        if loaded.device.type == "cuda" and not getattr(model, "is_encoder_decoder", False):
             start = time.perf_counter()
             if warm_attention_variants(model, cache_cfg.block_size):
                 log.info("%s: attention kernels compiled for every query tile size in %.2fs", loaded.name,
                          time.perf_counter() - start)
-        if self.config.enforce_eager:
-            graph_capture = None
+        if self.config.enforce_eager or getattr(model, "is_encoder_decoder", False):
+            graph_capture = None  # an encoder-decoder model's decode steps run eagerly (not yet captured)
         elif graph_capture is None and loaded.device.type == "cuda":
             graph_capture = CudaGraphs(loaded.device)
         graph_sizes = []
@@ -148,13 +149,21 @@ class EngineCore:
     def cache_bytes(self) -> int:
         return self.layout.num_bytes
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; raises QueueFullError when the waiting queue is at its bound."""
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    encoder_token_ids: list[int] | None = None, forced_token_ids: list[int] | None = None) -> None:
+        """Queue a request; raises QueueFullError when the waiting queue is at its bound. An encoder-decoder model's
+        request brings its source (`encoder_token_ids`); its prompt is the decoder's (its start token), and
+        `forced_token_ids` are its first output tokens, taken as if generated with probability 1 (the target
+        language of M2M100, NLLB, mBART-50: transformers' forced_bos_token_id)."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not prompt_token_ids:
             raise ValueError("the prompt has no tokens")
         group = SequenceGroup(request_id, list(prompt_token_ids), params)
+        if encoder_token_ids is not None:
+            if not encoder_token_ids:
+                raise ValueError("the source has no tokens")
+            group.encoder_token_ids = list(encoder_token_ids)
         if params.seed is not None:  # each output of a seeded request has its own stream
             group.generators = [new_generator(params.seed + i, self.loaded.device) for i in range(params.n)]
         if params.use_beam_search:
@@ -167,6 +176,8 @@ class EngineCore:
         first = self._new_sequence(group, list(prompt_token_ids), 0)
         if params.structured is not None:  # cached when the API process checked it; GrammarError if refused
             first.grammar = self.grammars.matcher(params.structured)
+        for token in forced_token_ids or ():
+            self.outputs.append(first, token, 0.0, None)
         group.seqs.append(first)
         self.scheduler.add(group)
         self.groups[request_id] = group

@@ -7,6 +7,7 @@ own work on every core: a fill beside it oversubscribed the cores and slowed the
 EPYC, 64 constrained rows, benchmarks/structured_bench.py), so there the masks are filled first, in line
 (about 10 us per row). The sampler waits for them only when it needs them. A step with no constrained sequence
 does nothing here. Each distinct sequence gets one mask row; a prompt that forks into n samples uses it n times.
+A request's `no_repeat_ngram_size` bans go into the same masks (computed in line on the host: a few tokens each).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from llguidance import LLExecutor
 
 from quill.models.host_copy import to_device
 
+from quill.server.sampling.ngrams import banned_by_ngrams, clear_bits
 from quill.server.structured.matcher import bitmask_words, fill_bitmasks
 
 from .sequence import Sequence
@@ -63,13 +65,24 @@ class GrammarMasks:
         self._thread: ThreadPoolExecutor | None = None
 
     def start(self, seqs: list[Sequence]) -> PendingMasks | None:
-        """Begin filling the masks of those of `seqs` that have a grammar; None when none has."""
-        constrained = list(dict.fromkeys(seq for seq in seqs if seq.grammar is not None))
+        """Begin filling the masks of those of `seqs` that have a grammar or n-gram bans; None when none has."""
+        bans = {seq: banned_by_ngrams(seq.token_ids, seq.group.params.no_repeat_ngram_size) for seq in seqs
+                if seq.group.params.no_repeat_ngram_size}
+        bans = {seq: tokens for seq, tokens in bans.items() if tokens}
+        constrained = list(dict.fromkeys(seq for seq in seqs if seq.grammar is not None or seq in bans))
         if not constrained:
             return None
         host = torch.empty(len(constrained), self.words, dtype=torch.int32, pin_memory=self.device.type == "cuda")
-        matchers = [seq.grammar for seq in constrained]
         row_of = {seq: i for i, seq in enumerate(constrained)}
+        if bans:  # grammars and bans in line: a banned bit is cleared after its grammar set it
+            for row, seq in enumerate(constrained):
+                if seq.grammar is not None:
+                    seq.grammar.fill(host, row)
+                else:
+                    host[row] = -1  # every token allowed
+                clear_bits(host, row, bans.get(seq, ()))
+            return PendingMasks(row_of, host, None, self.device)
+        matchers = [seq.grammar for seq in constrained]
         if not self.overlaps:
             for row, matcher in enumerate(matchers):
                 matcher.fill(host, row)

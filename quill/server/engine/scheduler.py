@@ -44,6 +44,7 @@ class ScheduledBatch:
     admitted: list[SequenceGroup] = field(default_factory=list)  # took a sampling slot this step
     num_preemptions: int = 0
     failed: list[SequenceGroup] = field(default_factory=list)  # requests the cache can never hold
+    encodes: list = field(default_factory=list)  # EncoderEntry: sources the encoder runs over before this step
 
     @property
     def num_tokens(self) -> int:
@@ -58,6 +59,7 @@ class Scheduler:
         self.running: list[SequenceGroup] = []
         self.free_slots = list(range(config.max_num_seqs - 1, -1, -1))  # per-request sampling rows
         self.num_preemptions = 0
+        self.encoders = getattr(cache, "encoder", None)  # an encoder-decoder model's encoder outputs
 
     # ---- queue -----------------------------------------------------------------
 
@@ -76,6 +78,7 @@ class Scheduler:
             self.waiting.remove(group)
         for seq in group.seqs:
             self.cache.free(seq.seq_id)
+        self._release_encoder(group)
         group.status = Status.FINISHED
 
     @staticmethod
@@ -140,18 +143,27 @@ class Scheduler:
                 break
             if not self.cache.can_admit(seats + self.num_reserved):
                 break
+            encode = 0  # source tokens the encoder runs over for it this step
+            if group.encoder_token_ids is not None:
+                encode = self._acquire_encoder(group, budget, bool(batch.work))
+                if encode is None:
+                    break
             for seq in group.seqs:
                 seq.num_computed = self.cache.admit(seq.seq_id, seq.token_ids, self._max_cached(group, seq))
-            plan = self._plan(group, budget)
+            plan = self._plan(group, budget - encode)
             if not plan or not self._allocate(plan):
                 for seq in group.seqs:
                     self.cache.free(seq.seq_id)
                     seq.num_computed = 0
+                self._release_encoder(group)
                 if not self.running:  # an empty cache cannot hold it: it never will
                     self.waiting.popleft()
                     batch.failed.append(group)
                     continue
                 break
+            if group.encoder_entry is not None:
+                self._bind_encoder(group, batch)
+                budget -= encode
             self.waiting.popleft()
             group.status = Status.RUNNING
             group.slot = self.free_slots.pop()
@@ -182,6 +194,34 @@ class Scheduler:
                 return None
         return ScheduledBatch(work=[(seq, 1) for seq, _ in live.work], cache_ops=cache.take_ops(),
                               table_edits=cache.table_edits.take())
+
+    def _acquire_encoder(self, group: SequenceGroup, budget: int, others: bool) -> int | None:
+        """Take the request's encoder entry; returns the source tokens to encode this step (0: encoded before), or
+        None when it must wait: no room for its encoder output, or its encoding would overrun the step's budget
+        beside `others` (a step with nothing else encodes any source the model takes)."""
+        entry = self.encoders.acquire(group.encoder_token_ids)
+        if entry is None:
+            return None
+        group.encoder_entry = entry
+        encode = 0 if entry.encoded else entry.length
+        if encode >= budget and others:
+            self._release_encoder(group)
+            return None
+        return encode
+
+    def _bind_encoder(self, group: SequenceGroup, batch: ScheduledBatch) -> None:
+        """The admitted request's sequences read its entry, encoded in this step if it was not before."""
+        entry = group.encoder_entry
+        for seq in group.seqs:
+            self.encoders.bind(seq.seq_id, entry)
+        if not entry.encoded:
+            entry.encoded = True
+            batch.encodes.append(entry)
+
+    def _release_encoder(self, group: SequenceGroup) -> None:
+        if group.encoder_entry is not None:
+            self.encoders.release(group.encoder_entry)
+            group.encoder_entry = None
 
     def _release_slot(self, group: SequenceGroup) -> None:
         self.free_slots.append(group.slot)
@@ -224,6 +264,7 @@ class Scheduler:
         for seq in group.seqs:
             self.cache.free(seq.seq_id)
             seq.num_computed = 0
+        self._release_encoder(group)  # kept cached while no one needs its blocks: readmitted, it is found again
         group.status = Status.WAITING
         self.waiting.appendleft(group)
 

@@ -59,12 +59,12 @@ class Sequence:
     @property
     def decodes_on_device(self) -> bool:
         """Its next step needs only the token it samples now, which can stay on the device (overlap.py): no beams,
-        no penalties or min_tokens (they read the output ids on the host), no grammar (its next mask needs this
-        token on the host)."""
+        no penalties or min_tokens (they read the output ids on the host), no grammar or n-gram ban (its next mask
+        needs this token on the host)."""
         group = self.group
         params = group.params
         return (group.is_forked and not params.use_beam_search and not params.has_penalties
-                and params.min_tokens == 0 and params.structured is None)
+                and params.min_tokens == 0 and params.structured is None and not params.no_repeat_ngram_size)
 
     @property
     def num_uncomputed(self) -> int:
@@ -93,6 +93,8 @@ class SequenceGroup:
     beam: object = None  # BeamSearch state for beam requests
     is_forked: bool = False  # the prompt sequence has been split into its n samples / W beams
     has_output: bool = False  # the first output (with prompt logprobs, queue time) has gone out
+    encoder_token_ids: list[int] | None = None  # an encoder-decoder model's source; the prompt is the decoder's
+    encoder_entry: object = None  # its encoder output in the cache (EncoderEntry), while admitted
 
     @property
     def num_outputs(self) -> int:

@@ -81,6 +81,7 @@ class SamplingParams:
     beam_width: int = 1
     length_penalty: float = 1.0  # beam score = sum logprob / length ** length_penalty
     early_stopping: bool | Literal["never"] = False  # beam search: HF's meaning
+    no_repeat_ngram_size: int = 0  # > 0: never repeat an n-gram of this size (transformers' rule); 0: off
     skip_special_tokens: bool = True  # leave special tokens out of the text (vLLM's default); ids are kept
     structured: StructuredOutput | None = None  # what the output must match (JSON schema, regex, ...); None: free
 
@@ -108,6 +109,7 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise SamplingParamError(name, f"must be a boolean, got {getattr(self, name)!r}")
+        _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, low=0)
         _check_optional_count("logprobs", self.logprobs)
         _check_optional_count("prompt_logprobs", self.prompt_logprobs)
         self._check_beam_search()
@@ -196,7 +198,7 @@ class SamplingParams:
         log-probabilities). A model may then score only that token (StepBatch.argmax_only)."""
         return (self.is_greedy and not self.scores_samples and self.prompt_logprobs is None and not self.has_penalties
                 and not self.logit_bias and num_output_tokens >= self.min_tokens and self.structured is None
-                and not self.use_beam_search)
+                and not self.use_beam_search and not self.no_repeat_ngram_size)
 
     def all_stop_token_ids(self, eos_token_ids: Iterable[int]) -> frozenset[int]:
         """Token ids that end this request: stop_token_ids, plus EOS unless ignore_eos."""

@@ -20,9 +20,11 @@ from abc import ABC, abstractmethod
 import torch
 
 from quill.models.batch import StepBatch
-from quill.models.state import new_model_state, state_parts
+from quill.models.state import EncoderDecoderState, new_model_state, state_parts
 
 from .manager import CacheOp
+from .encoder_cache import EncoderCacheManager
+from .encoder_decoder_cache import EncoderDecoderCacheManager
 from .hybrid_cache import HybridCacheManager
 from .kv_blocks import KVBlockManager
 from .memory import DEFAULT_CACHE_BYTES, choose_cache_bytes
@@ -113,12 +115,60 @@ class Slots(StateKind):
         return f"state slots of {mib:.2f} MiB for {self.num_seqs} sequences and {self.num_snapshots} prefix snapshots"
 
 
+class EncoderBlocks(StateKind):
+    """An encoder-decoder model's encoder outputs: a request's in as many blocks as its source needs, read by all
+    its sequences (encoder_cache.py). Its columns: the source's length, then its blocks."""
+
+    part = "encoder"
+
+    def __init__(self, num_blocks: int, block_size: int, max_source_len: int):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.manager = EncoderCacheManager(num_blocks, block_size, -(-max_source_len // block_size))
+        self.scratch = num_blocks
+
+    def width(self, max_model_len: int | None) -> int:
+        return 1 + self.manager.width
+
+    def locate(self, step: StepBatch, ids: torch.Tensor) -> None:
+        step.cross_lens, step.cross_tables = ids[:, 0], ids[:, 1:]
+
+    @staticmethod
+    def apply(tensors, op: CacheOp) -> None:
+        raise ValueError(f"encoder blocks are never {op.kind}: the encoder writes them (ModelRunner.encode)")
+
+    def num_bytes(self, tensors) -> int:
+        return tensors.bytes_per_block * tensors.num_blocks
+
+    def describe(self, tensors) -> str:
+        return f"{self.num_blocks * self.block_size} source tokens of cross-attention K,V in blocks of {self.block_size}"
+
+
+def plan_encoder_decoder(model, cache, max_model_len: int | None, spare: int) -> "StateLayout":
+    """An encoder-decoder model's state: the cache budget (256 MiB off CUDA when not given; on CUDA half of the
+    memory free after loading, times --gpu-memory-utilization) split evenly between encoder outputs and the
+    decoder's K,V, whose bytes per token are the same (a layer's K and V each)."""
+    if cache.cache_bytes is not None:
+        budget = cache.cache_bytes
+    elif next(model.parameters()).device.type == "cuda":
+        budget = int(torch.cuda.mem_get_info(next(model.parameters()).device)[0] * cache.gpu_memory_utilization / 2)
+    else:
+        budget = DEFAULT_CACHE_BYTES
+    probe = model.new_state(1, block_size=cache.block_size, num_encoder_blocks=1)
+    num_blocks = cache.num_blocks or max(1, budget // 2 // probe.kv.bytes_per_block)
+    num_encoder_blocks = cache.num_blocks or max(1, budget // 2 // probe.encoder.bytes_per_block)
+    kinds = [EncoderBlocks(num_encoder_blocks, cache.block_size, model.config.max_source_len),
+             KVBlocks(num_blocks, cache.block_size, enable_prefix_caching=False)]
+    return StateLayout(model, kinds, spare, max_model_len)
+
+
 def plan_state(model, cache, scheduler, max_model_len: int | None, spare: int, graph_batch_size: int = 0,
                ) -> "StateLayout":
     """Size and allocate a model's state for an engine (`cache`: its CacheConfig, `scheduler`: its SchedulerConfig).
     Every sequence the scheduler may run gets a slot; prefix snapshots get up to `snapshots_per_seq` slots per
     sequence within `cache.cache_bytes` (256 MiB when not given). K,V blocks take `cache.cache_bytes` (or what
     memory.py measures is left on a GPU) less a hybrid's slots."""
+    if model.state_kind == EncoderDecoderState.kind:
+        return plan_encoder_decoder(model, cache, max_model_len, spare)
     kinds: list[StateKind] = []
     kv_probe, slots_probe = state_parts(new_model_state(model, 1, 1, cache.block_size))
     hybrid = kv_probe is not None and slots_probe is not None
@@ -152,12 +202,22 @@ class StateLayout:
         self.widths = [kind.width(max_model_len) for kind in self.kinds]
         self.width = sum(self.widths)
         self._by_part = {kind.part: kind for kind in self.kinds}
-        kv, slots = self._by_part.get("kv"), self._by_part.get("slots")
+        kv, slots, encoder = (self._by_part.get(part) for part in ("kv", "slots", "encoder"))
         self.block_size = None if kv is None else kv.block_size  # None: a step's width is fixed
-        self.state = new_model_state(model, 0 if kv is None else kv.num_blocks + spare,
-                                     0 if slots is None else slots.num_slots + spare, self.block_size)
+        if encoder is not None:
+            self.state = model.new_state(kv.num_blocks + spare, block_size=kv.block_size,
+                                         num_encoder_blocks=encoder.num_blocks + spare)
+        else:
+            self.state = new_model_state(model, 0 if kv is None else kv.num_blocks + spare,
+                                         0 if slots is None else slots.num_slots + spare, self.block_size)
         self._tensors = dict(zip(("kv", "slots"), state_parts(self.state)))
-        self.cache = self.kinds[0].manager if len(self.kinds) == 1 else HybridCacheManager(slots.manager, kv.manager)
+        if encoder is not None:
+            self._tensors["encoder"] = self.state.encoder
+            self.cache = EncoderDecoderCacheManager(encoder.manager, kv.manager)
+        elif len(self.kinds) == 1:
+            self.cache = self.kinds[0].manager
+        else:
+            self.cache = HybridCacheManager(slots.manager, kv.manager)
 
     def tensors(self, kind: StateKind):
         return self._tensors[kind.part]

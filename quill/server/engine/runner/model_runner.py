@@ -53,6 +53,8 @@ class ModelRunner:
         rows, self.rows = self.rows, None  # the persistent batch, dropped if this step fails
         self.table.apply(batch.table_edits)  # first: its host bookkeeping stays right if a device op fails
         self.layout.apply(batch.cache_ops)
+        if batch.encodes:  # an encoder-decoder model's new sources: their encoder outputs, before any step reads them
+            self.model.encode([list(e.source) for e in batch.encodes], [e.blocks for e in batch.encodes], self.state)
         if batch.admitted:
             self.sampling.write([g.slot for g in batch.admitted], [g.params for g in batch.admitted])
         kept, index, tail = self._keep(batch, rows, inputs_from)

@@ -1,0 +1,52 @@
+"""Cross-attention: a decoder's queries over its request's encoder output, kept as K,V in blocks of their own.
+
+The encoder runs once per request and writes every decoder layer's cross-attention K,V into blocks of an
+`EncoderCache` (quill/models/state.py); each sequence of the request (every beam, every sample) reads the same
+blocks, listed in its row of the step's `cross_tables` with the source's length in `cross_lens`. Nothing is ever
+written here during a decoder step, and no query is causal to the source: every packed decoder token attends to
+all of its sequence's source keys. So each token is one row of a paged decode, whatever its sequence's query
+length: the CPU kernel (cpu_kernel.py) reads the blocks in place; elsewhere the rows' blocks are gathered and
+attended with masked SDPA.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..batch import StepBatch
+from .cpu_kernel import kernel
+
+
+class CrossAttention:
+    """A step's cross-attention metadata, built once and shared by the decoder's layers."""
+
+    def __init__(self, batch: StepBatch, block_size: int, scale: float, use_kernel: bool):
+        rows = batch.seq_of_token  # one query row per packed token
+        self.tables = batch.cross_tables if batch.max_query_len == 1 else batch.cross_tables[rows]
+        self.lens = batch.cross_lens if batch.max_query_len == 1 else batch.cross_lens[rows]
+        self.block_size = block_size
+        self.scale = scale
+        self.use_kernel = use_kernel
+        self._mask = None
+
+    @classmethod
+    def build(cls, batch: StepBatch, block_size: int, scale: float, device: torch.device,
+              dtype: torch.dtype) -> "CrossAttention":
+        use_kernel = device.type == "cpu" and dtype == torch.float32 and not isinstance(kernel(), str)
+        return cls(batch, block_size, scale, use_kernel)
+
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q (T, H, hd) of the packed decoder tokens; k_cache, v_cache (num_blocks, block_size, H, hd) of one
+        layer's encoder output -> (T, H * hd)."""
+        if self.use_kernel:
+            return kernel().paged_decode_attention(q, k_cache, v_cache, self.tables, self.lens, self.scale).flatten(1)
+        num_rows, width = self.tables.shape
+        k = k_cache[self.tables].flatten(1, 2)  # (T, width * block_size, H, hd)
+        v = v_cache[self.tables].flatten(1, 2)
+        if self._mask is None:
+            keys = torch.arange(width * self.block_size, device=q.device)
+            self._mask = (keys[None, :] < self.lens[:, None])[:, None, None, :]  # (T, 1, 1, keys)
+        out = F.scaled_dot_product_attention(q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=self._mask, scale=self.scale)  # (T, H, 1, hd)
+        return out.flatten(1)

@@ -1,0 +1,264 @@
+"""Encoder-decoder Transformer (Vaswani et al. 2017) as translation and summarization checkpoints ship it: Marian
+(OPUS-MT), BART and mBART, M2M100 and NLLB-200.
+
+One configuration spans them, their departures as switches: post-norm layers (Marian, BART) or pre-norm with a
+final norm (mBART, M2M100); sinusoidal positions in Marian's layout (sines then cosines, wavelengths over d) or
+fairseq's (over d/2 - 1, positions from the padding id + 1), or learned positions read two rows on (BART); a norm
+of the embeddings (BART); embeddings scaled by sqrt(d); a bias on the logits (Marian, BART).
+
+State: the encoder runs once per request (`encode`, sources of many requests packed in one pass) and writes every
+decoder layer's cross-attention K,V into blocks of the state's `EncoderCache`, which each sequence of the request
+reads (quill/models/attention/cross.py); the decoder's self-attention K,V go into paged blocks as a decoder-only
+Transformer's do, through the same attention backends. A decoder step (`step`) runs its new tokens against both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import select_attention_backend
+from ..attention.cross import CrossAttention
+from ..batch import StepBatch
+from ..host_copy import to_device
+from ..kernels import TORCH_OPS, LayerOps
+from ..kernels.torch_ops import ACTIVATIONS
+from ..state import EncoderCache, EncoderDecoderState, PagedKVCache
+
+POSITIONALS = ("sinusoidal", "sinusoidal_fairseq", "learned")
+
+
+@dataclass
+class Seq2SeqConfig:
+    vocab_size: int  # the decoder's (target) vocabulary
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    n_heads: int = 8
+    encoder_ffn: int = 2048
+    decoder_ffn: int = 2048
+    max_source_len: int = 512  # longest source the encoder's positions reach
+    max_seq_len: int = 512  # longest decoder sequence (its prompt and output)
+    activation: str = "silu"
+    pre_norm: bool = False  # x + f(norm(x)), with a final norm after each stack; False: norm(x + f(x))
+    final_norm: bool = False  # a norm after the last layer of each stack (pre-norm models)
+    embed_norm: bool = False  # a norm of the embeddings, positions added (BART's layernorm_embedding)
+    positional: str = "sinusoidal"
+    position_offset: int = 0  # position p reads row p + offset (BART: 2; fairseq: padding id + 1)
+    embed_scale: float = 1.0
+    norm_eps: float = 1e-5
+    source_vocab_size: int | None = None  # a separate encoder vocabulary (Marian's separate_vocabs); None: shared
+    tie_output: bool = True  # the output layer is the decoder's embedding
+    output_bias: bool = False  # a bias on the logits (final_logits_bias)
+    decoder_start_token_id: int = 0
+    pad_token_id: int | None = None
+    extra: dict = field(default_factory=dict)  # provenance (the Hugging Face model type it came from)
+
+    def __post_init__(self):
+        if self.positional not in POSITIONALS:
+            raise ValueError(f"positional must be one of {POSITIONALS}, not {self.positional!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, not {self.activation!r}")
+        if self.d_model % self.n_heads or self.d_model % 2:
+            raise ValueError(f"d_model ({self.d_model}) must be even and a multiple of n_heads ({self.n_heads})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def sinusoids(positions: torch.Tensor, dim: int, layout: str) -> torch.Tensor:
+    """positions (...,) -> (..., dim) float32, sines in the first half and cosines in the second, each feature's
+    wavelength as its layout computes it: Marian's (10000^(2i/dim), in float64 as its table is built) or
+    fairseq's (10000^(i/(dim/2 - 1)), in float32)."""
+    half = dim // 2
+    if layout == "sinusoidal":
+        freqs = 1.0 / 10000 ** (2 * torch.arange(half, dtype=torch.float64, device=positions.device) / dim)
+        angles = positions.double()[..., None] * freqs
+    else:
+        freqs = torch.exp(torch.arange(half, device=positions.device).float() * -(math.log(10000) / (half - 1)))
+        angles = positions.float()[..., None] * freqs
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).float()
+
+
+class Stack(nn.Module):
+    """What an encoder and a decoder both have: positions, the optional embedding and final norms, layers."""
+
+    def __init__(self, config: Seq2SeqConfig, layers: list[nn.Module], max_len: int):
+        super().__init__()
+        self.config = config
+        learned = config.positional == "learned"
+        self.pos_embed = nn.Embedding(max_len + config.position_offset, config.d_model) if learned else None
+        self.embed_norm = nn.LayerNorm(config.d_model, eps=config.norm_eps) if config.embed_norm else None
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = nn.LayerNorm(config.d_model, eps=config.norm_eps) if config.final_norm else None
+
+    def embed(self, tokens_embedded: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        x = tokens_embedded * c.embed_scale if c.embed_scale != 1.0 else tokens_embedded
+        positions = positions + c.position_offset
+        pos = self.pos_embed(positions) if self.pos_embed is not None else sinusoids(positions, c.d_model, c.positional)
+        x = x + pos.to(x.dtype)
+        return self.embed_norm(x) if self.embed_norm is not None else x
+
+
+def _sublayer(x: torch.Tensor, norm: nn.Module, f, pre_norm: bool) -> torch.Tensor:
+    """A residual sublayer: x + f(norm(x)) (pre-norm) or norm(x + f(x)) (post-norm)."""
+    return x + f(norm(x)) if pre_norm else norm(x + f(x))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: Seq2SeqConfig, width: int):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, width)
+        self.fc2 = nn.Linear(width, config.d_model)
+        self.activation = config.activation
+
+    def forward(self, x: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
+        return ops.linear(ops.linear_act(x, self.fc1.weight, self.fc1.bias, self.activation), self.fc2.weight,
+                          self.fc2.bias)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config: Seq2SeqConfig):
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        self.attn_norm = nn.LayerNorm(d, eps=config.norm_eps)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.mlp_norm = nn.LayerNorm(d, eps=config.norm_eps)
+        self.mlp = FeedForward(config, config.encoder_ffn)
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        """x (E, S, D) padded sources; mask (E, 1, 1, S): which keys are real."""
+        heads = self.config.n_heads
+        q, k, v = ops.linear(x, self.qkv.weight, self.qkv.bias).unflatten(-1, (3, heads, -1)).unbind(2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        return ops.linear(out.transpose(1, 2).flatten(-2), self.out.weight, self.out.bias)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
+        pre = self.config.pre_norm
+        x = _sublayer(x, self.attn_norm, lambda h: self.attend(h, mask, ops), pre)
+        return _sublayer(x, self.mlp_norm, lambda h: self.mlp(h, ops), pre)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: Seq2SeqConfig):
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        self.attn_norm = nn.LayerNorm(d, eps=config.norm_eps)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.cross_norm = nn.LayerNorm(d, eps=config.norm_eps)
+        self.cross_q = nn.Linear(d, d)
+        self.cross_kv = nn.Linear(d, 2 * d)  # applied to the encoder's output once per request (`encode`)
+        self.cross_out = nn.Linear(d, d)
+        self.mlp_norm = nn.LayerNorm(d, eps=config.norm_eps)
+        self.mlp = FeedForward(config, config.decoder_ffn)
+
+    def self_attend(self, x, k_cache, v_cache, attention, ops: LayerOps) -> torch.Tensor:
+        q, k, v = ops.linear(x, self.qkv.weight, self.qkv.bias).unflatten(-1, (3, self.config.n_heads, -1)).unbind(1)
+        return ops.linear(attention.forward(q, k, v, k_cache, v_cache), self.out.weight, self.out.bias)
+
+    def cross_attend(self, x, k_cache, v_cache, cross: CrossAttention, ops: LayerOps) -> torch.Tensor:
+        q = ops.linear(x, self.cross_q.weight, self.cross_q.bias).unflatten(-1, (self.config.n_heads, -1))
+        return ops.linear(cross.forward(q, k_cache, v_cache), self.cross_out.weight, self.cross_out.bias)
+
+    def step(self, x, self_kv, cross_kv, attention, cross: CrossAttention, ops: LayerOps) -> torch.Tensor:
+        pre = self.config.pre_norm
+        x = _sublayer(x, self.attn_norm, lambda h: self.self_attend(h, *self_kv, attention, ops), pre)
+        x = _sublayer(x, self.cross_norm, lambda h: self.cross_attend(h, *cross_kv, cross, ops), pre)
+        return _sublayer(x, self.mlp_norm, lambda h: self.mlp(h, ops), pre)
+
+
+class Seq2SeqTransformer(nn.Module):
+    state_kind = EncoderDecoderState.kind
+    is_encoder_decoder = True
+
+    def __init__(self, config: Seq2SeqConfig):
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        self.embed = nn.Embedding(config.vocab_size, d)  # the decoder's, and the encoder's where they share one
+        self.src_embed = nn.Embedding(config.source_vocab_size, d) if config.source_vocab_size else None
+        self.encoder = Stack(config, [EncoderLayer(config) for _ in range(config.encoder_layers)],
+                             config.max_source_len)
+        self.decoder = Stack(config, [DecoderLayer(config) for _ in range(config.decoder_layers)], config.max_seq_len)
+        self.lm_head = None if config.tie_output else nn.Linear(d, config.vocab_size, bias=False)
+        self.lm_bias = nn.Parameter(torch.zeros(1, config.vocab_size)) if config.output_bias else None
+        self.attention_backend = "auto"  # resolved by new_state, as a decoder-only Transformer's
+        self.layer_ops: LayerOps = TORCH_OPS
+
+    @property
+    def source_embed(self) -> nn.Embedding:
+        return self.src_embed if self.src_embed is not None else self.embed
+
+    def new_state(self, num_blocks: int, block_size: int = 16, num_encoder_blocks: int = 1,
+                  dtype: torch.dtype | None = None, attention_backend: str | None = None) -> EncoderDecoderState:
+        c = self.config
+        like = self.embed.weight
+        dtype = dtype or like.dtype
+        backend = select_attention_backend(attention_backend or self.attention_backend, like.device)
+        kv = PagedKVCache(c.decoder_layers, num_blocks, block_size, c.n_heads, c.head_dim, dtype, like.device,
+                          attention=backend)
+        encoder = EncoderCache(c.decoder_layers, num_encoder_blocks, block_size, c.n_heads, c.head_dim, dtype,
+                               like.device)
+        return EncoderDecoderState(kv, encoder)
+
+    def run_encoder(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """tokens (E, S) right-padded sources, lengths (E,) -> the encoder's output (E, S, D)."""
+        ops = self.layer_ops
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.encoder.embed(self.source_embed(tokens), positions)
+        mask = (positions[None, :] < lengths[:, None])[:, None, None, :]
+        for layer in self.encoder.layers:
+            x = layer(x, mask, ops)
+        return self.encoder.final_norm(x) if self.encoder.final_norm is not None else x
+
+    @torch.inference_mode()
+    def encode(self, sources: list[list[int]], tables: list[list[int]], state: EncoderDecoderState) -> None:
+        """Run the encoder over `sources` (many requests' token ids, packed in one padded pass) and write every
+        decoder layer's cross-attention K,V of source i into its blocks `tables[i]` of the state's encoder cache."""
+        cache = state.encoder
+        device, size = cache.k.device, cache.block_size
+        longest = max(len(s) for s in sources)
+        tokens = to_device([s + [0] * (longest - len(s)) for s in sources], device, torch.long)
+        lengths = to_device([len(s) for s in sources], device, torch.long)
+        out = self.run_encoder(tokens, lengths)
+        real = to_device([i * longest + t for i, s in enumerate(sources) for t in range(len(s))], device, torch.long)
+        slots = to_device([table[t // size] * size + t % size for s, table in zip(sources, tables)
+                           for t in range(len(s))], device, torch.long)
+        memory = out.flatten(0, 1)[real]  # (real tokens, D)
+        heads = self.config.n_heads
+        for i, layer in enumerate(self.decoder.layers):
+            k, v = self.layer_ops.linear(memory, layer.cross_kv.weight, layer.cross_kv.bias).unflatten(
+                -1, (2, heads, -1)).unbind(1)
+            cache.k[i].view(-1, heads, k.shape[-1])[slots] = k.to(cache.k.dtype)
+            cache.v[i].view(-1, heads, v.shape[-1])[slots] = v.to(cache.v.dtype)
+
+    @torch.inference_mode()
+    def step(self, batch: StepBatch, state: EncoderDecoderState) -> torch.Tensor:
+        """Run each sequence's new decoder tokens against its cached self-attention K,V (written in place) and its
+        request's encoder output."""
+        kv, memory, ops = state.kv, state.encoder, self.layer_ops
+        attention = kv.attention.build(batch, kv.block_size)
+        cross = CrossAttention.build(batch, memory.block_size, self.config.head_dim ** -0.5, memory.k.device,
+                                     memory.k.dtype)
+        x = self.decoder.embed(self.embed(batch.token_ids), batch.positions)
+        for i, layer in enumerate(self.decoder.layers):
+            x = layer.step(x, (kv.k[i], kv.v[i]), (memory.k[i], memory.v[i]), attention, cross, ops)
+        if batch.logits_indices is not None:
+            x = x[batch.logits_indices]
+        if self.decoder.final_norm is not None:
+            x = self.decoder.final_norm(x)
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        logits = ops.linear(x, weight, None)
+        if self.lm_bias is not None:
+            logits = logits + self.lm_bias[0]
+        return logits.float()

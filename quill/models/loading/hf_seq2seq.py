@@ -1,0 +1,106 @@
+"""The Hugging Face encoder-decoder families: how each config.json maps onto `Seq2SeqConfig`, and the table of
+checkpoint tensors each of our parameters is made of (q, k, v fused into one matmul; the cross-attention's k, v
+into another, run once per request on the encoder's output).
+
+A name "a|b" in the table is the first of a and b the checkpoint holds: tied embeddings are saved once, under
+whichever name the saving version of transformers picked.
+"""
+
+from __future__ import annotations
+
+from ..families.seq2seq import Seq2SeqConfig
+from .hf_families import Family, fused, one
+
+ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
+               "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def _activation(name: str) -> str:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation_function {name!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+    return ACTIVATIONS[name]
+
+
+def _common(raw: dict, **switches) -> Seq2SeqConfig:
+    heads = raw["encoder_attention_heads"]
+    if raw["decoder_attention_heads"] != heads:
+        raise ValueError("encoder and decoder with different numbers of attention heads are not supported")
+    scale = raw["d_model"] ** 0.5 if raw.get("scale_embedding") else 1.0
+    fields = dict(
+        vocab_size=raw["vocab_size"], d_model=raw["d_model"], encoder_layers=raw["encoder_layers"],
+        decoder_layers=raw["decoder_layers"], n_heads=heads, encoder_ffn=raw["encoder_ffn_dim"],
+        decoder_ffn=raw["decoder_ffn_dim"], max_source_len=raw["max_position_embeddings"],
+        max_seq_len=raw["max_position_embeddings"], activation=_activation(raw["activation_function"]),
+        embed_scale=scale, tie_output=raw.get("tie_word_embeddings", True),
+        decoder_start_token_id=raw["decoder_start_token_id"], pad_token_id=raw.get("pad_token_id"),
+        extra={"hf_model_type": raw["model_type"]},
+    )
+    return Seq2SeqConfig(**{**fields, **switches})
+
+
+def _marian(raw: dict) -> Seq2SeqConfig:
+    separate = not raw.get("share_encoder_decoder_embeddings", True)
+    changes = {"vocab_size": raw["decoder_vocab_size"] or raw["vocab_size"], "source_vocab_size": raw["vocab_size"]}
+    return _common(raw, positional="sinusoidal", output_bias=True, **(changes if separate else {}))
+
+
+def _bart(raw: dict) -> Seq2SeqConfig:
+    return _common(raw, positional="learned", position_offset=2, embed_norm=True, output_bias=True)
+
+
+def _mbart(raw: dict) -> Seq2SeqConfig:
+    return _common(raw, positional="learned", position_offset=2, embed_norm=True, output_bias=True, pre_norm=True,
+                   final_norm=True)
+
+
+def _m2m100(raw: dict) -> Seq2SeqConfig:
+    return _common(raw, positional="sinusoidal_fairseq", position_offset=raw["pad_token_id"] + 1, pre_norm=True,
+                   final_norm=True)
+
+
+def _attention(ours: str, theirs: str) -> dict:
+    return {f"{ours}.qkv.{{w}}": fused(*(f"{theirs}.{x}_proj.{{w}}" for x in "qkv")),
+            f"{ours}.out.{{w}}": one(f"{theirs}.out_proj.{{w}}")}
+
+
+_ENC, _DEC = "encoder.layers.{i}", "{p}encoder.layers.{i}"
+_DEC_OURS, _DEC_THEIRS = "decoder.layers.{i}", "{p}decoder.layers.{i}"
+SEQ2SEQ_TENSORS = {
+    "embed.weight": one("{p}shared.weight|{p}decoder.embed_tokens.weight"),
+    "src_embed.weight": one("{p}encoder.embed_tokens.weight"),
+    "lm_head.weight": one("lm_head.weight"),
+    "lm_bias": one("final_logits_bias"),
+    **{f"{stack}.{ours}.{{w}}": one(f"{{p}}{stack}.{theirs}.{{w}}") for stack in ("encoder", "decoder")
+       for ours, theirs in (("pos_embed", "embed_positions"), ("embed_norm", "layernorm_embedding"),
+                            ("final_norm", "layer_norm"))},
+    **_attention(_ENC, _DEC + ".self_attn"),
+    f"{_ENC}.attn_norm.{{w}}": one(f"{_DEC}.self_attn_layer_norm.{{w}}"),
+    f"{_ENC}.mlp_norm.{{w}}": one(f"{_DEC}.final_layer_norm.{{w}}"),
+    f"{_ENC}.mlp.fc1.{{w}}": one(f"{_DEC}.fc1.{{w}}"),
+    f"{_ENC}.mlp.fc2.{{w}}": one(f"{_DEC}.fc2.{{w}}"),
+    **_attention(_DEC_OURS, _DEC_THEIRS + ".self_attn"),
+    f"{_DEC_OURS}.attn_norm.{{w}}": one(f"{_DEC_THEIRS}.self_attn_layer_norm.{{w}}"),
+    f"{_DEC_OURS}.cross_q.{{w}}": one(f"{_DEC_THEIRS}.encoder_attn.q_proj.{{w}}"),
+    f"{_DEC_OURS}.cross_kv.{{w}}": fused(f"{_DEC_THEIRS}.encoder_attn.k_proj.{{w}}",
+                                         f"{_DEC_THEIRS}.encoder_attn.v_proj.{{w}}"),
+    f"{_DEC_OURS}.cross_out.{{w}}": one(f"{_DEC_THEIRS}.encoder_attn.out_proj.{{w}}"),
+    f"{_DEC_OURS}.cross_norm.{{w}}": one(f"{_DEC_THEIRS}.encoder_attn_layer_norm.{{w}}"),
+    f"{_DEC_OURS}.mlp_norm.{{w}}": one(f"{_DEC_THEIRS}.final_layer_norm.{{w}}"),
+    f"{_DEC_OURS}.mlp.fc1.{{w}}": one(f"{_DEC_THEIRS}.fc1.{{w}}"),
+    f"{_DEC_OURS}.mlp.fc2.{{w}}": one(f"{_DEC_THEIRS}.fc2.{{w}}"),
+}
+
+_DEFAULTS = {"activation_function": "gelu", "scale_embedding": False, "tie_word_embeddings": True,
+             "pad_token_id": 1, "decoder_start_token_id": 2}
+SEQ2SEQ_FAMILIES = {
+    "marian": Family(_marian, SEQ2SEQ_TENSORS, architecture="seq2seq", defaults={
+        **_DEFAULTS, "activation_function": "swish", "scale_embedding": True, "decoder_vocab_size": None,
+        "share_encoder_decoder_embeddings": True, "pad_token_id": 58100, "decoder_start_token_id": 58100,
+        "max_position_embeddings": 1024}),
+    "bart": Family(_bart, SEQ2SEQ_TENSORS, architecture="seq2seq", defaults={
+        **_DEFAULTS, "max_position_embeddings": 1024}),
+    "mbart": Family(_mbart, SEQ2SEQ_TENSORS, architecture="seq2seq", defaults={
+        **_DEFAULTS, "max_position_embeddings": 1024}),
+    "m2m_100": Family(_m2m100, SEQ2SEQ_TENSORS, architecture="seq2seq", defaults={
+        **_DEFAULTS, "activation_function": "relu", "scale_embedding": True, "max_position_embeddings": 1024}),
+}

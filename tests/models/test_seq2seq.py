@@ -1,0 +1,59 @@
+"""The encoder-decoder Transformer against transformers' own models of each family: the logits of a whole
+decoder sequence, computed at once and token by token from the cache, over an encoder output in blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quill.models.batch import StepBatch
+from tests.seq2seq_models import VOCAB, load_quill_model, write_hf_model
+
+pytest.importorskip("transformers")
+
+FAMILIES = ["marian", "bart", "mbart", "m2m_100"]
+
+
+def _step(model, state, tokens: list[int], start: int, source_len: int, tables) -> torch.Tensor:
+    batch = StepBatch.build([tokens], [start], block_tables=[[5, 6]], logits="all")
+    batch.cross_tables, batch.cross_lens = torch.tensor([tables]), torch.tensor([source_len])
+    return model.step(batch, state)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("attention_backend", ["sdpa", "cpu"])
+def test_logits_equal_transformers(tmp_path, family, attention_backend):
+    reference = write_hf_model(tmp_path, family)
+    model = load_quill_model(tmp_path)
+    torch.manual_seed(1)
+    source = torch.randint(2, VOCAB, (9,)).tolist()
+    target = [model.config.decoder_start_token_id] + torch.randint(2, VOCAB, (6,)).tolist()
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([target])).logits[0]
+    state = model.new_state(8, block_size=4, num_encoder_blocks=6, attention_backend=attention_backend)
+    tables = [4, 2, 3]  # blocks out of order, some unused
+    model.encode([source], [tables], state)
+    whole = _step(model, state, target, 0, len(source), tables)
+    torch.testing.assert_close(whole, expected, rtol=1e-4, atol=1e-4)
+    state = model.new_state(8, block_size=4, num_encoder_blocks=6, attention_backend=attention_backend)
+    model.encode([source], [tables], state)
+    pieces = [_step(model, state, target[:3], 0, len(source), tables)]
+    pieces += [_step(model, state, [t], i, len(source), tables) for i, t in enumerate(target[3:], 3)]
+    torch.testing.assert_close(torch.cat(pieces), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_sources_encoded_together_equal_alone(tmp_path):
+    """Sources of different lengths padded into one encoder pass write what each writes alone."""
+    write_hf_model(tmp_path, "marian")
+    model = load_quill_model(tmp_path)
+    sources = [[5, 6, 7, 0], list(range(2, 13)) + [0], [9, 0]]
+    tables = [[0], [1, 2, 3], [4]]
+    together = model.new_state(2, block_size=4, num_encoder_blocks=5)
+    model.encode(sources, tables, together)
+    for source, table in zip(sources, tables):
+        alone = model.new_state(2, block_size=4, num_encoder_blocks=5)
+        model.encode([source], [table], alone)
+        n = len(source)
+        flat = lambda cache: cache[:, table].flatten(1, 2)[:, :n]  # noqa: E731
+        torch.testing.assert_close(flat(together.encoder.k), flat(alone.encoder.k), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(flat(together.encoder.v), flat(alone.encoder.v), rtol=1e-5, atol=1e-5)

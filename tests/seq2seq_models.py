@@ -1,0 +1,63 @@
+"""Tiny random encoder-decoder checkpoints of each Hugging Face family, written by transformers itself, and
+Quill's models loaded from them (no download)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from quill.models.families.seq2seq import Seq2SeqTransformer
+from quill.models.loading import hf
+from quill.models.loading.weights import open_weights, read_weights
+
+VOCAB = 300
+SHAPES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+              encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64)
+# As the families' checkpoints have them: pad 1, end 2, the decoder starting from the end token (Marian: from pad)
+IDS = dict(pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None)
+START = {"marian": 1}
+
+
+def hf_classes(family: str):
+    import transformers as t
+
+    return {"marian": (t.MarianConfig, t.MarianMTModel), "bart": (t.BartConfig, t.BartForConditionalGeneration),
+            "mbart": (t.MBartConfig, t.MBartForConditionalGeneration),
+            "m2m_100": (t.M2M100Config, t.M2M100ForConditionalGeneration)}[family]
+
+
+def write_hf_model(directory: Path, family: str, vocab_size: int = VOCAB, seed: int = 0, **config):
+    """A random `family` model saved in `directory`, its weights scaled up and its norms and biases perturbed so
+    that its answers depend on the source and differ between tokens (defaults are near uniform). Returns the
+    transformers model."""
+    config_cls, model_cls = hf_classes(family)
+    torch.manual_seed(seed)
+    ids = {**IDS, "decoder_start_token_id": START.get(family, 2)}
+    model = model_cls(config_cls(vocab_size=vocab_size, **{**SHAPES, **ids, **config})).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_positions" in name and family in ("marian", "m2m_100"):
+                continue  # sinusoids, as the family computes them
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+            else:
+                p.mul_(3)
+        if getattr(model, "final_logits_bias", None) is not None:
+            model.final_logits_bias.normal_()
+    model.save_pretrained(directory)
+    return model
+
+
+def load_quill_model(directory: Path) -> Seq2SeqTransformer:
+    """Quill's model of a written checkpoint, weights read as load_checkpoint reads them, float32 on the CPU."""
+    config, _ = hf.config_from_hf(json.loads((directory / "config.json").read_text()))
+    with torch.device("meta"):
+        model = Seq2SeqTransformer(config)
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    with open_weights(directory) as tensors:
+        state = read_weights(tensors, hf.tensor_sources(config, list(shapes), tensors.names), shapes, torch.float32,
+                             torch.device("cpu"), label=directory.name)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,172 @@
+"""Encoder-decoder requests through the engine, in busy continuous batches, against transformers' `generate()`:
+greedy, beam search with n-best lists and scores, length penalty and no_repeat_ngram_size, a forced target-language
+token; one encoder output per source, shared by every beam and freed with its request."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quill.models.loading.checkpoint import LoadedModel
+from quill.models.text.tokenizer import Tokenizer
+from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.sampling import SamplingParams
+from tests.seq2seq_models import VOCAB, load_quill_model, write_hf_model
+from tests.tiny_tokenizers import build_hf_tokenizer
+
+pytest.importorskip("transformers")
+
+EOS = 2
+
+
+def _engine(directory, family: str, **cache) -> tuple[EngineCore, object]:
+    reference = write_hf_model(directory, family)
+    model = load_quill_model(directory)
+    loaded = LoadedModel(name=family, path=directory, architecture="seq2seq", model=model,
+                         tokenizer=Tokenizer(build_hf_tokenizer(VOCAB), EOS), eos_token_ids=[EOS],
+                         device=torch.device("cpu"), dtype=torch.float32)
+    return EngineCore(loaded, EngineConfig(cache=CacheConfig(**cache))), reference
+
+
+def _run(engine: EngineCore) -> dict:
+    """Every request to its end: request id -> {output index: (token ids, cumulative log-prob, score)}."""
+    tokens, finals = {}, {}
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None
+            for o in out.outputs:
+                tokens.setdefault((out.request_id, o.index), []).extend(o.token_ids)
+                if out.finished:
+                    finals.setdefault(out.request_id, {})[o.index] = (tokens[out.request_id, o.index],
+                                                                      o.cumulative_logprob, o.score)
+    return finals
+
+
+def _sources(count: int, seed: int = 3) -> list[list[int]]:
+    torch.manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,)).tolist() + [EOS] for n in torch.randint(2, 20, (count,)).tolist()]
+
+
+def _generated(reference, source, start, **kwargs):
+    out = reference.generate(torch.tensor([source]), do_sample=False, return_dict_in_generate=True,
+                             output_scores=True, **kwargs)
+    pad = reference.config.pad_token_id
+    rows = [[t for t in row[1:].tolist() if t != pad] for row in out.sequences]
+    return rows, (out.sequences_scores.tolist() if kwargs.get("num_beams", 1) > 1 else None)
+
+
+@pytest.mark.parametrize("family", ["marian", "m2m_100"])
+def test_busy_batch_equals_transformers(tmp_path, family):
+    engine, reference = _engine(tmp_path, family)
+    start = reference.config.decoder_start_token_id
+    sources = _sources(5)
+    kinds = {
+        "greedy": (SamplingParams(max_tokens=12, temperature=0), dict(num_beams=1)),
+        "ngram": (SamplingParams(max_tokens=12, temperature=0, no_repeat_ngram_size=2),
+                  dict(num_beams=1, no_repeat_ngram_size=2)),
+        "beam": (SamplingParams(max_tokens=12, temperature=0, use_beam_search=True, beam_width=4, n=3,
+                                length_penalty=0.7, no_repeat_ngram_size=2),
+                 dict(num_beams=4, num_return_sequences=3, length_penalty=0.7, no_repeat_ngram_size=2)),
+    }
+    for i, source in enumerate(sources):  # all at once: encoder passes packed, steps mixing prompts and decodes
+        for kind, (params, _) in kinds.items():
+            engine.add_request(f"{kind}{i}", [start], params, encoder_token_ids=source)
+    finals = _run(engine)
+    for i, source in enumerate(sources):
+        for kind, (_, hf_kwargs) in kinds.items():
+            expected, scores = _generated(reference, source, start, max_new_tokens=12, **hf_kwargs)
+            got = finals[f"{kind}{i}"]
+            assert [got[j][0] for j in range(len(expected))] == expected, (kind, i)
+            if scores is not None:  # n-best with their length-penalised scores
+                assert [got[j][2] for j in range(len(scores))] == pytest.approx(scores, abs=1e-4)
+
+
+def test_forced_first_token_equals_forced_bos(tmp_path):
+    """M2M100 and NLLB name the target language by forcing it as the first output token."""
+    engine, reference = _engine(tmp_path, "m2m_100")
+    language = 77
+    sources = _sources(3, seed=5)
+    for i, source in enumerate(sources):
+        engine.add_request(f"g{i}", [2], SamplingParams(max_tokens=10, temperature=0), encoder_token_ids=source,
+                           forced_token_ids=[language])
+        engine.add_request(f"b{i}", [2], SamplingParams(max_tokens=10, temperature=0, use_beam_search=True,
+                                                        beam_width=3, n=2), encoder_token_ids=source,
+                           forced_token_ids=[language])
+    finals = _run(engine)
+    for i, source in enumerate(sources):
+        greedy, _ = _generated(reference, source, 2, max_new_tokens=10, forced_bos_token_id=language)
+        assert finals[f"g{i}"][0][0] == greedy[0]
+        beams, scores = _generated(reference, source, 2, max_new_tokens=10, forced_bos_token_id=language,
+                                   num_beams=3, num_return_sequences=2)
+        assert [finals[f"b{i}"][j][0] for j in range(2)] == beams
+        assert [finals[f"b{i}"][j][2] for j in range(2)] == pytest.approx(scores, abs=1e-4)
+
+
+def _encoder_blocks_held(engine: EngineCore, params: SamplingParams, source: list[int]) -> int:
+    engine.add_request("r", [1], params, encoder_token_ids=source)
+    encoder = engine.cache.encoder
+    most = 0
+    while engine.has_work():
+        engine.step()
+        most = max(most, sum(len(e.blocks) for e in encoder.entries.values() if e.holders))
+    return most
+
+
+def test_beams_share_one_encoder_output(tmp_path):
+    engine, _ = _engine(tmp_path, "marian", block_size=4)
+    source = _sources(1)[0] + [5] * 20
+    greedy = _encoder_blocks_held(engine, SamplingParams(max_tokens=8, temperature=0), source)
+    engine.cache.encoder.reset()
+    beams = _encoder_blocks_held(engine, SamplingParams(max_tokens=8, temperature=0, use_beam_search=True,
+                                                        beam_width=5, n=5), source)
+    assert greedy == -(-len(source) // 4)
+    assert beams <= 1.1 * greedy
+
+
+def test_a_source_is_encoded_once(tmp_path):
+    """One document to many targets: later requests with the same source reuse its encoder output."""
+    engine, _ = _engine(tmp_path, "m2m_100")
+    encodes = []
+    encode = engine.runner.model.encode
+    engine.runner.model.encode = lambda sources, tables, state: (encodes.append(len(sources)),
+                                                                encode(sources, tables, state))
+    source = _sources(1)[0]
+    for i, language in enumerate((70, 71, 72)):
+        engine.add_request(f"r{i}", [2], SamplingParams(max_tokens=4, temperature=0), encoder_token_ids=source,
+                           forced_token_ids=[language])
+    _run(engine)
+    engine.add_request("later", [2], SamplingParams(max_tokens=4, temperature=0), encoder_token_ids=source)
+    _run(engine)
+    assert encodes == [1]
+    assert engine.cache.encoder.hits == 3
+
+
+def test_abort_frees_the_encoder_output(tmp_path):
+    engine, _ = _engine(tmp_path, "marian", num_blocks=8, block_size=4)
+    encoder = engine.cache.encoder
+    engine.add_request("a", [1], SamplingParams(max_tokens=50, temperature=0, ignore_eos=True),
+                       encoder_token_ids=_sources(1)[0])
+    engine.step()
+    engine.step()
+    assert encoder.usage > 0
+    assert engine.abort("a")
+    assert encoder.usage == 0 and not encoder.entry_of
+    # its blocks serve other sources: every other request fits and finishes
+    for i, source in enumerate(_sources(4, seed=9)):
+        engine.add_request(f"b{i}", [1], SamplingParams(max_tokens=3, temperature=0), encoder_token_ids=source)
+    assert len(_run(engine)) == 4
+
+
+def test_seeded_samples_do_not_depend_on_the_batch(tmp_path):
+    engine, _ = _engine(tmp_path, "marian")
+    source = _sources(1)[0]
+    params = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=11, n=2)
+    engine.add_request("alone", [1], params, encoder_token_ids=source)
+    alone = _run(engine)["alone"]
+    for i, other in enumerate(_sources(6, seed=4)):
+        engine.add_request(f"o{i}", [1], SamplingParams(max_tokens=10, temperature=0.8, seed=i),
+                           encoder_token_ids=other)
+    engine.add_request("busy", [1], params, encoder_token_ids=source)
+    busy = _run(engine)["busy"]
+    assert [busy[j][0] for j in range(2)] == [alone[j][0] for j in range(2)]
+    assert alone[0][0] != alone[1][0]  # two samples, two streams
