@@ -61,3 +61,15 @@ def load_quill_model(directory: Path) -> Seq2SeqTransformer:
                              torch.device("cpu"), label=directory.name)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
+
+
+def write_checkpoint(directory: Path, family: str, **tokenizer_options):
+    """A whole checkpoint as the hub ships one: a tokenizer trained here (tests/seq2seq_fixtures.py) and a random
+    model over its vocabulary with its special ids. Returns (the transformers model, the tokenizer's facts)."""
+    from tests import seq2seq_fixtures
+
+    writer = {"marian": seq2seq_fixtures.write_marian_tokenizer,
+              "m2m_100": seq2seq_fixtures.write_m2m100_tokenizer}[family]
+    info = writer(directory, **tokenizer_options)
+    ids = {k: info[k] for k in ("pad_token_id", "eos_token_id", "decoder_start_token_id") if k in info}
+    return write_hf_model(directory, family, vocab_size=info["vocab_size"], **ids), info

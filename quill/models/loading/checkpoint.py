@@ -58,6 +58,8 @@ class LoadedModel:
     special_tokens: dict[str, str] = field(default_factory=dict)  # "bos_token" -> "<s>", ... (what templates see)
     chat_templates: dict[str, str] = field(default_factory=dict)  # name -> Jinja source; the main one is "default"
     add_bos_token: bool = False  # tokenizer.encode(text) starts with bos_token (so a rendered template must not)
+    # An encoder-decoder model's tokenizers: its sources' ids and languages (`tokenizer` is its target side's)
+    seq2seq: object = None  # Seq2SeqTokenizer (quill/models/text/seq2seq_tokenizer.py)
 
     def __post_init__(self):
         self.model_id = self.model_id or str(self.path or self.name)
@@ -79,6 +81,10 @@ class LoadedModel:
     def max_seq_len(self) -> int | None:
         """Longest sequence the model can attend over; None for recurrent/convolutional state."""
         return getattr(self.model.config, "max_seq_len", None) if holds_kv(self.model) else None
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.seq2seq is not None
 
     @property
     def num_parameters(self) -> int:
@@ -212,9 +218,8 @@ def load_checkpoint(
                                     "(PyTorch word_language_model, fastai AWD-LSTM)")
     if not path.is_dir():
         raise CheckpointError(path, "no such checkpoint directory")
-    for file in (CONFIG_FILE, TOKENIZER_FILE):
-        if not (path / file).is_file():
-            raise CheckpointError(path / file, "missing file")
+    if not (path / CONFIG_FILE).is_file():
+        raise CheckpointError(path / CONFIG_FILE, "missing file")
     if not has_weights(path):
         raise CheckpointError(path / WEIGHTS_FILE, "missing file")
     device = resolve_device(device)
@@ -224,7 +229,16 @@ def load_checkpoint(
     generation = read_generation_config(path)
     eos_ids += [i for i in generation.eos_token_ids if i not in eos_ids]
     tokenizer_config = read_tokenizer_config(path)
-    tokenizer = _read_tokenizer(path / TOKENIZER_FILE, eos_ids, config.vocab_size)
+    seq2seq = None
+    if architecture == "seq2seq":  # source and target tokenizers as the family ships them (no tokenizer.json needed)
+        from ..text.seq2seq_tokenizer import load_seq2seq_tokenizer
+
+        seq2seq = load_seq2seq_tokenizer(path, read_json_object(path / CONFIG_FILE))
+        tokenizer = seq2seq.target
+    elif not (path / TOKENIZER_FILE).is_file():
+        raise CheckpointError(path / TOKENIZER_FILE, "missing file")
+    else:
+        tokenizer = _read_tokenizer(path / TOKENIZER_FILE, eos_ids, config.vocab_size)
     if metadata.get("text_rules"):  # a classic toolkit's rules around the vocabulary (fastai's case markers)
         from ..classic.text_rules import with_text_rules
 
@@ -255,5 +269,5 @@ def load_checkpoint(
         revision=location.revision,
         generation_defaults=generation.defaults if generation_config == "auto" else {},
         special_tokens=tokenizer_config.special_tokens, chat_templates=tokenizer_config.chat_templates,
-        add_bos_token=tokenizer.adds_bos(tokenizer_config.special_tokens.get("bos_token")),
+        add_bos_token=tokenizer.adds_bos(tokenizer_config.special_tokens.get("bos_token")), seq2seq=seq2seq,
     )

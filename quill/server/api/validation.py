@@ -108,7 +108,38 @@ def encode_prompt(hosted: HostedModel, prompt: str | list[int], param: str = "pr
     return ids
 
 
+def encode_source(hosted: HostedModel, prompt: str | list[int], source_lang: str | None, target_lang: str | None,
+                  param: str = "prompt") -> tuple[list[int], list[int]]:
+    """An encoder-decoder model's prompt: (its source ids, the first output tokens its target language forces).
+    Token ids are taken as the source as they are."""
+    seq2seq = hosted.loaded.seq2seq
+    try:
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise invalid("the prompt is empty", param)
+            ids = seq2seq.source_ids(prompt, source_lang, target_lang)
+        else:
+            ids = encode_prompt(hosted, prompt, param)
+        return ids, seq2seq.target_prefix(target_lang)
+    except ValueError as e:  # a language the model lacks, or one it needs and was not given
+        raise invalid(str(e), "target_lang" if "target" in str(e) else "source_lang") from None
+
+
+def check_source(hosted: HostedModel, num_source_tokens: int, param: str = "prompt") -> None:
+    """A source the encoder takes: no longer than its positions reach."""
+    limit = hosted.loaded.model.config.max_source_len
+    if num_source_tokens > limit:
+        raise APIError(400, f"this model's encoder takes at most {limit} source tokens, but the prompt has "
+                            f"{num_source_tokens}", param=param, code="context_length_exceeded",
+                       reason="context_length")
+
+
 def check_context(hosted: HostedModel, num_prompt_tokens: int, max_tokens: int, param: str = "max_tokens") -> None:
+    """The prompt and the tokens to generate fit the model's context. An encoder-decoder model's prompt is its
+    source, within the encoder's limit; its decoder holds its start token and the output."""
+    if hosted.loaded.is_encoder_decoder:
+        check_source(hosted, num_prompt_tokens)
+        num_prompt_tokens = 1
     limit = hosted.max_model_len
     if num_prompt_tokens + max_tokens > limit:
         raise APIError(

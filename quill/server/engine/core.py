@@ -153,13 +153,17 @@ class EngineCore:
                     encoder_token_ids: list[int] | None = None, forced_token_ids: list[int] | None = None) -> None:
         """Queue a request; raises QueueFullError when the waiting queue is at its bound. An encoder-decoder model's
         request brings its source (`encoder_token_ids`); its prompt is the decoder's (its start token), and
-        `forced_token_ids` are its first output tokens, taken as if generated with probability 1 (the target
-        language of M2M100, NLLB, mBART-50: transformers' forced_bos_token_id)."""
+        `forced_token_ids` (default: the params') are its first output tokens, taken as if generated with probability 1
+        (the target language of M2M100, NLLB, mBART-50: transformers' forced_bos_token_id). For such a model a
+        request with no source has its prompt taken as the source, the decoder starting from its start token."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not prompt_token_ids:
             raise ValueError("the prompt has no tokens")
         group = SequenceGroup(request_id, list(prompt_token_ids), params)
+        if encoder_token_ids is None and self.loaded.is_encoder_decoder:  # the prompt is the source
+            encoder_token_ids, prompt_token_ids = prompt_token_ids, [self.loaded.model.config.decoder_start_token_id]
+            group.prompt_token_ids = list(prompt_token_ids)
         if encoder_token_ids is not None:
             if not encoder_token_ids:
                 raise ValueError("the source has no tokens")
@@ -176,7 +180,7 @@ class EngineCore:
         first = self._new_sequence(group, list(prompt_token_ids), 0)
         if params.structured is not None:  # cached when the API process checked it; GrammarError if refused
             first.grammar = self.grammars.matcher(params.structured)
-        for token in forced_token_ids or ():
+        for token in forced_token_ids or params.forced_token_ids:
             self.outputs.append(first, token, 0.0, None)
         group.seqs.append(first)
         self.scheduler.add(group)

@@ -81,6 +81,8 @@ class SamplingParams:
     beam_width: int = 1
     length_penalty: float = 1.0  # beam score = sum logprob / length ** length_penalty
     early_stopping: bool | Literal["never"] = False  # beam search: HF's meaning
+    # the first output tokens, forced (transformers' forced_bos_token_id: an encoder-decoder's target language)
+    forced_token_ids: list[int] = field(default_factory=list)
     no_repeat_ngram_size: int = 0  # > 0: never repeat an n-gram of this size (transformers' rule); 0: off
     skip_special_tokens: bool = True  # leave special tokens out of the text (vLLM's default); ids are kept
     structured: StructuredOutput | None = None  # what the output must match (JSON schema, regex, ...); None: free
@@ -110,6 +112,11 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise SamplingParamError(name, f"must be a boolean, got {getattr(self, name)!r}")
         _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, low=0)
+        if not isinstance(self.forced_token_ids, list) or not all(_is_int(t) and t >= 0 for t in self.forced_token_ids):
+            raise SamplingParamError("forced_token_ids", f"must be a list of token ids, got {self.forced_token_ids!r}")
+        if len(self.forced_token_ids) >= self.max_tokens:
+            raise SamplingParamError("max_tokens", f"must exceed the {len(self.forced_token_ids)} forced first "
+                                                   f"token(s), got {self.max_tokens!r}")
         _check_optional_count("logprobs", self.logprobs)
         _check_optional_count("prompt_logprobs", self.prompt_logprobs)
         self._check_beam_search()
@@ -171,7 +178,8 @@ class SamplingParams:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids named by the request must exist; call at admission, when the model is known."""
-        for name, ids in (("logit_bias", self.logit_bias or {}), ("stop_token_ids", self.stop_token_ids)):
+        for name, ids in (("logit_bias", self.logit_bias or {}), ("stop_token_ids", self.stop_token_ids),
+                          ("forced_token_ids", self.forced_token_ids)):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise SamplingParamError(name, f"token ids must be < vocab size ({vocab_size}), got {bad[0]!r}")

@@ -39,6 +39,7 @@ class VLLMExtensions(GuidedFields):
     use_beam_search: bool = False  # completions: best_of is the beam width; chat: n is, and all n are answered
     length_penalty: float = 1.0
     early_stopping: bool | Literal["never"] = False
+    no_repeat_ngram_size: int = 0  # transformers' rule: never repeat an n-gram of this size (0: off)
     skip_special_tokens: bool = Field(default=True, description="drop special tokens from the text")
 
 
@@ -63,7 +64,8 @@ class OpenAISampling(VLLMExtensions):
         parse_logit_bias(self.logit_bias)
 
     def sampling_params(self, hosted: HostedModel, *, n: int, beam_width: int, max_tokens: int,
-                        logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
+                        logprobs: int | None, prompt_logprobs: int | None = None,
+                        forced_token_ids: list[int] | None = None) -> SamplingParams:
         return build_params(
             hosted, n=n, max_tokens=max_tokens, min_tokens=self.min_tokens,
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
@@ -75,6 +77,7 @@ class OpenAISampling(VLLMExtensions):
             use_beam_search=self.use_beam_search, beam_width=beam_width,
             length_penalty=self.length_penalty, early_stopping=self.early_stopping,
             skip_special_tokens=self.skip_special_tokens, structured=self.structured_output()[0],
+            no_repeat_ngram_size=self.no_repeat_ngram_size, forced_token_ids=forced_token_ids or [],
         )
 
 
@@ -89,16 +92,21 @@ class CompletionRequest(OpenAISampling):
     logprobs: int | None = None
     echo: bool = False
     user: str | None = None  # accepted and ignored: who asks (OpenAI's abuse monitoring), not what to generate
+    # Quill's extension, for encoder-decoder (translation) models: the prompt's language and the answer's
+    source_lang: str | None = None
+    target_lang: str | None = None
 
     @property
     def num_sequences(self) -> int:
         """best_of: sampled sequences of which the n most likely are answered; with beam search, the beam width."""
         return self.best_of if self.best_of is not None else self.n
 
-    def to_sampling_params(self, hosted: HostedModel, max_tokens: int) -> SamplingParams:
+    def to_sampling_params(self, hosted: HostedModel, max_tokens: int,
+                           forced_token_ids: list[int] | None = None) -> SamplingParams:
         beam = self.use_beam_search
         return self.sampling_params(
             hosted, n=self.n if beam else self.num_sequences, beam_width=self.num_sequences if beam else 1,
             max_tokens=max_tokens, logprobs=self.logprobs,
             prompt_logprobs=self.logprobs if self.echo and self.logprobs is not None else None,
+            forced_token_ids=forced_token_ids,
         )

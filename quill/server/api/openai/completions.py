@@ -16,7 +16,7 @@ from ..sampling_defaults import default_max_tokens
 from ..sse import sse_event
 from ..structured_fields import check_constraint
 from ..token_texts import TokenTexts
-from ..validation import check_context, check_max_tokens, check_sequences, encode_prompt, invalid
+from ..validation import check_context, check_max_tokens, check_sequences, encode_prompt, encode_source, invalid
 from .completion_schemas import CompletionRequest
 
 router = APIRouter()
@@ -49,15 +49,25 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
     if request.use_beam_search and request.stop:
         raise invalid("stop strings are not supported with beam search", "stop")
     request.check_forms(config)
-    prompts = []
+    seq2seq = hosted.loaded.seq2seq
+    if seq2seq is None and (request.source_lang or request.target_lang):
+        raise invalid("source_lang and target_lang are for encoder-decoder (translation) models", "target_lang")
+    if seq2seq is not None and request.echo:
+        raise invalid("echo is not supported by encoder-decoder models: the prompt is the encoder's source", "echo")
+    prompts, forced = [], []
     for prompt in _prompts(request):
-        ids = encode_prompt(hosted, prompt)
-        text = prompt if isinstance(prompt, str) else hosted.tokenizer.decode(ids, request.skip_special_tokens)
+        if seq2seq is not None:
+            ids, forced = encode_source(hosted, prompt, request.source_lang, request.target_lang)
+        else:
+            ids = encode_prompt(hosted, prompt)
+        text = prompt if isinstance(prompt, str) else str(ids) if seq2seq is not None else hosted.tokenizer.decode(
+            ids, request.skip_special_tokens)
         prompts.append((ids, text))
     max_tokens = request.max_tokens
     if max_tokens is None:
-        max_tokens = default_max_tokens(hosted, config, max(len(ids) for ids, _ in prompts), DEFAULT_MAX_TOKENS)
-    params = request.to_sampling_params(hosted, max_tokens)
+        longest = 1 if seq2seq is not None else max(len(ids) for ids, _ in prompts)
+        max_tokens = default_max_tokens(hosted, config, longest, DEFAULT_MAX_TOKENS)
+    params = request.to_sampling_params(hosted, max_tokens, forced)
     for ids, _ in prompts:  # after the settings: a bad setting is named even when the context is also short
         check_context(hosted, len(ids), max_tokens)
     return params, prompts
@@ -87,7 +97,9 @@ async def list_models(http: Request):
     return {"object": "list", "data": [
         {"id": name, "object": "model", "created": m.created, "owned_by": "quill", "root": m.loaded.model_id,
          "parent": None, "max_model_len": m.max_model_len, "architecture": m.loaded.architecture,
-         "chat": m.chat_template is not None}
+         "chat": m.chat_template is not None, "encoder_decoder": m.loaded.is_encoder_decoder,
+         **({"languages": m.loaded.seq2seq.languages, "max_source_len": m.loaded.model.config.max_source_len}
+            if m.loaded.is_encoder_decoder else {})}
         for name, m in host.models.items()
     ]}
 

@@ -35,6 +35,7 @@ from ..validation import (
     check_num_samples,
     check_stop,
     encode_prompt,
+    encode_source,
     invalid,
 )
 from .schemas import CompatGenerateRequest, GenerateParameters, GenerateRequest
@@ -129,14 +130,20 @@ def _validate(request: GenerateRequest, config: ServerConfig, hosted: HostedMode
     _check_ranges(p, config, stream)
     _check_best_of(p, config, stream)
     _check_beams(p)
-    prompt_ids = encode_prompt(hosted, request.inputs, param="inputs")
+    if hosted.loaded.is_encoder_decoder:  # the inputs are the encoder's source
+        if p.decoder_input_details:
+            raise invalid("decoder_input_details is not supported by encoder-decoder models", "decoder_input_details")
+        prompt_ids = encode_source(hosted, request.inputs, None, None, param="inputs")[0]
+    else:
+        prompt_ids = encode_prompt(hosted, request.inputs, param="inputs")
     if p.truncate is not None:
         if not 1 <= p.truncate <= hosted.max_model_len:
             raise invalid(f"truncate must be between 1 and {hosted.max_model_len}, got {p.truncate}", "truncate")
         prompt_ids = prompt_ids[-p.truncate:]  # TGI keeps the end of the prompt
     max_new_tokens = p.max_new_tokens
     if max_new_tokens is None:
-        max_new_tokens = min(default_max_tokens(hosted, config, len(prompt_ids)), DEFAULT_MAX_NEW_TOKENS)
+        decoder_prompt = 1 if hosted.loaded.is_encoder_decoder else len(prompt_ids)
+        max_new_tokens = min(default_max_tokens(hosted, config, decoder_prompt), DEFAULT_MAX_NEW_TOKENS)
     check_context(hosted, len(prompt_ids), max_new_tokens, param="max_new_tokens")
     seed = None
     if p.is_sampling:

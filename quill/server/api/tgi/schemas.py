@@ -45,6 +45,7 @@ class GenerateParameters(RequestSchema):
     num_beams: int = 1
     length_penalty: float = 1.0
     early_stopping: bool | Literal["never"] = False
+    no_repeat_ngram_size: int = 0  # Quill's extension: transformers' rule (0: off)
 
     @property
     def is_sampling(self) -> bool:
@@ -72,7 +73,7 @@ class GenerateParameters(RequestSchema):
             prompt_logprobs=0 if self.decoder_input_details else None,
             use_beam_search=beam, beam_width=self.num_beams if beam else 1,
             length_penalty=self.length_penalty, early_stopping=self.early_stopping,
-            structured=from_tgi_grammar(self.grammar),
+            structured=from_tgi_grammar(self.grammar), no_repeat_ngram_size=self.no_repeat_ngram_size,
         )
 
 

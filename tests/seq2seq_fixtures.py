@@ -1,0 +1,240 @@
+"""Tiny encoder-decoder (translation) tokenizers, written as the hub ships them, offline and in well under a second.
+
+Each writer trains SentencePiece (or a byte-level BPE, for BART) on a few hundred generated lines, then lets the
+family's own transformers tokenizer class save the files, so the directory holds what that class writes:
+Marian's source.spm/target.spm/vocab.json, M2M100's sentencepiece.bpe.model/vocab.json, NLLB's and mBART-50's
+tokenizer.json beside their sentencepiece.bpe.model, T5's tokenizer.json beside spiece.model. Vocabularies stay at
+a few hundred tokens so that the models built on them stay tiny. Each writer returns what a model config needs.
+
+transformers is imported inside the writers: it is a test dependency, and importing it costs a second.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+
+import sentencepiece
+
+from quill.models.text.sentencepiece_vocab import read_sentencepiece
+
+# Words of three languages, with the accents, digits and punctuation a translation model meets.
+ENGLISH = ("the a house is small and the garden was green today we will see you tomorrow morning "
+           "my friend has three cats she reads books in the library after school they don't know why "
+           "river city bridge window water bread coffee teacher student yesterday evening beautiful old new").split()
+FRENCH = ("la le une maison est petite et le jardin était vert aujourd'hui nous verrons demain matin "
+          "mon ami a trois chats elle lit des livres à la bibliothèque après l'école ils ne savent pas pourquoi "
+          "rivière ville pont fenêtre eau pain café élève professeur hier soir très belle où déjà garçon").split()
+GERMAN = ("das ein haus ist klein und der garten war grün heute wir sehen dich morgen früh "
+          "mein freund hat drei katzen sie liest bücher in der bibliothek nach der schule sie wissen nicht warum "
+          "fluss stadt brücke fenster wasser brot kaffee lehrer schüler gestern abend schön straße größer über").split()
+PUNCTUATION = [".", ".", ".", "!", "?", ",", ";", ":", " -", "…"]
+
+
+def corpus(words: list[str], lines: int = 300, seed: int = 0) -> list[str]:
+    """Deterministic sentences: a capital, some numbers and quotes, end punctuation."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(lines):
+        sentence = [rng.choice(words) for _ in range(rng.randint(3, 12))]
+        if rng.random() < 0.3:
+            sentence.insert(rng.randrange(len(sentence)), str(rng.randint(0, 2030)))
+        if rng.random() < 0.15:
+            sentence.insert(rng.randrange(len(sentence)), f'"{rng.choice(words)}"')
+        text = " ".join(sentence)
+        out.append(text[0].upper() + text[1:] + rng.choice(PUNCTUATION))
+    return out
+
+
+def train_sentencepiece(path: Path, lines: list[str], vocab_size: int, model_type: str, **options) -> Path:
+    """A SentencePiece model trained in memory and written to `path` (no other file is touched)."""
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type=model_type,
+        character_coverage=1.0, hard_vocab_limit=False, num_threads=1, minloglevel=2, **options,
+    )
+    path.write_bytes(model.getvalue())
+    return path
+
+
+def _special_pieces(types: list[int]) -> set[int]:
+    return {i for i, kind in enumerate(types) if kind in (2, 3)}  # unknown, control
+
+
+def write_marian_tokenizer(directory: Path, languages: list[str] | None = None, separate_vocabs: bool = False) -> dict:
+    """Marian (opus-mt): an English source spm, a French/German target spm, and vocab.json laid out as Marian's
+    own vocabularies are ("</s>" 0, "<unk>" 1, the language tokens, the pieces, "<pad>" last), not in spm order.
+    `languages` (e.g. ["fra", "deu"]) makes it multilingual: ">>fra<<" tokens a source starts with."""
+    from transformers import MarianTokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    source_spm = train_sentencepiece(directory / "source.spm", corpus(ENGLISH, seed=1), 220, "unigram")
+    target_spm = train_sentencepiece(directory / "target.spm", corpus(FRENCH + GERMAN, seed=2), 260, "unigram")
+    codes = [f">>{code}<<" for code in languages or []]
+
+    def layout(*models: Path, extra: list[str]) -> dict[str, int]:
+        tokens = ["</s>", "<unk>"] + extra
+        for model_path in models:
+            spm = read_sentencepiece(model_path)
+            skip = _special_pieces(spm.types)
+            tokens += [p for i, p in enumerate(spm.pieces) if i not in skip and p not in tokens]
+        return {token: i for i, token in enumerate(tokens + ["<pad>"])}
+
+    kwargs = {}
+    if separate_vocabs:
+        vocab = layout(source_spm, extra=codes)
+        target_vocab = layout(target_spm, extra=[])
+        (directory / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False, indent=2))
+        kwargs = dict(target_vocab_file=str(directory / "target_vocab.json"), separate_vocabs=True)
+    else:
+        vocab = target_vocab = layout(source_spm, target_spm, extra=codes)
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=2))
+    tokenizer = MarianTokenizer(str(source_spm), str(target_spm), str(directory / "vocab.json"),
+                                source_lang="en", target_lang="fr", **kwargs)
+    tokenizer.save_pretrained(str(directory))
+    pad = target_vocab["<pad>"]
+    return {"vocab_size": len(target_vocab), "pad_token_id": pad, "eos_token_id": target_vocab["</s>"],
+            "decoder_start_token_id": pad}
+
+
+def write_m2m100_tokenizer(directory: Path, languages: tuple[str, ...] = ("en", "fr", "de")) -> dict:
+    """M2M100: a BPE sentencepiece.bpe.model and a fairseq vocab.json ("<s>" 0, "<pad>" 1, "</s>" 2, "<unk>" 3,
+    then the pieces in an order of their own, as fairseq's dictionary has them); transformers puts its 100
+    language tokens after the vocabulary and 8 "madeup words" after those, which the model's embedding covers."""
+    from transformers import M2M100Tokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    spm_path = train_sentencepiece(directory / "sentencepiece.bpe.model", corpus(ENGLISH + FRENCH + GERMAN, seed=3),
+                                   300, "bpe")
+    spm = read_sentencepiece(spm_path)
+    skip = _special_pieces(spm.types)
+    pieces = [p for i, p in enumerate(spm.pieces) if i not in skip]
+    random.Random(4).shuffle(pieces)  # fairseq orders its dictionary by frequency: ids are not spm's
+    vocab = {token: i for i, token in enumerate(["<s>", "<pad>", "</s>", "<unk>"] + pieces)}
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=2))
+    tokenizer = M2M100Tokenizer(str(directory / "vocab.json"), str(spm_path))
+    tokenizer.save_pretrained(str(directory))
+    lang_ids = {code: tokenizer.get_lang_id(code) for code in languages}
+    return {"vocab_size": len(vocab) + len(tokenizer.lang_code_to_id) + tokenizer.num_madeup_words,
+            "pad_token_id": vocab["<pad>"], "eos_token_id": vocab["</s>"], "decoder_start_token_id": vocab["</s>"],
+            "lang_token_ids": lang_ids}
+
+
+def _fairseq_spm_vocab(spm_path: Path) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """NLLB's layout of a BPE spm: "<s>" 0, "<pad>" 1, "</s>" 2, "<unk>" 3, then spm piece i at i + 1 (fairseq's
+    offset), with the merges transformers derives from the pieces' order."""
+    from transformers.tokenization_utils_base import generate_merges
+
+    spm = read_sentencepiece(spm_path)
+    merges = generate_merges({piece: i for i, piece in enumerate(spm.pieces)})
+    tokens = ["<s>", "<pad>", "</s>", "<unk>"] + spm.pieces[3:]
+    return {token: i for i, token in enumerate(tokens)}, merges
+
+
+def write_nllb_tokenizer(directory: Path, languages: tuple[str, ...] = ("eng_Latn", "fra_Latn", "deu_Latn"),
+                         legacy_behaviour: bool = False) -> dict:
+    """NLLB-200: tokenizer.json (BPE) beside sentencepiece.bpe.model; only `languages` become language tokens
+    (the real one has 202), after the pieces and before "<mask>", as in NLLB-200. `legacy_behaviour`: the source language goes
+    after the text's </s>, not before the text."""
+    from transformers import NllbTokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    spm_path = train_sentencepiece(directory / "sentencepiece.bpe.model", corpus(ENGLISH + FRENCH + GERMAN, seed=5),
+                                   300, "bpe")
+    vocab, merges = _fairseq_spm_vocab(spm_path)
+    for token in [*languages, "<mask>"]:  # where NLLB-200 has them: the codes after the pieces, then <mask>
+        vocab[token] = len(vocab)
+    tokenizer = NllbTokenizer(vocab=vocab, merges=merges, vocab_file=str(spm_path), src_lang=languages[0],
+                              _spm_precompiled_charsmap=read_sentencepiece(spm_path).precompiled_charsmap,
+                              additional_special_tokens=list(languages), legacy_behaviour=legacy_behaviour)
+    tokenizer.save_pretrained(str(directory))
+    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "decoder_start_token_id": tokenizer.eos_token_id,
+            "lang_token_ids": {code: tokenizer.convert_tokens_to_ids(code) for code in languages}}
+
+
+def write_mbart50_tokenizer(directory: Path) -> dict:
+    """mBART-50: tokenizer.json (Unigram) beside sentencepiece.bpe.model; transformers adds all 52 language codes
+    ("en_XX", ...) and "<mask>" after the pieces."""
+    from transformers import MBart50Tokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    spm_path = train_sentencepiece(directory / "sentencepiece.bpe.model", corpus(ENGLISH + FRENCH + GERMAN, seed=6),
+                                   300, "unigram")
+    spm = read_sentencepiece(spm_path)
+    tokenizer = MBart50Tokenizer(vocab=list(zip(spm.pieces, spm.scores)), vocab_file=str(spm_path),
+                                 _spm_precompiled_charsmap=spm.precompiled_charsmap, src_lang="en_XX")
+    tokenizer.save_pretrained(str(directory))
+    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "decoder_start_token_id": tokenizer.eos_token_id,
+            "lang_token_ids": {code: tokenizer.convert_tokens_to_ids(code) for code in ("en_XX", "fr_XX", "de_DE")}}
+
+
+def write_mbart_tokenizer(directory: Path) -> dict:
+    """mBART (cc25, MBartTokenizer): tokenizer.json (Unigram) beside sentencepiece.bpe.model, its 25 language
+    codes and "<mask>" after the pieces; the source language goes after the text's </s>."""
+    from transformers import MBartTokenizer
+    from transformers.models.mbart.tokenization_mbart import FAIRSEQ_LANGUAGE_CODES
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    spm_path = train_sentencepiece(directory / "sentencepiece.bpe.model", corpus(ENGLISH + FRENCH + GERMAN, seed=9),
+                                   300, "unigram")
+    spm = read_sentencepiece(spm_path)
+    vocab = ([("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + list(zip(spm.pieces, spm.scores))[3:]
+             + [(code, 0.0) for code in FAIRSEQ_LANGUAGE_CODES] + [("<mask>", 0.0)])
+    tokenizer = MBartTokenizer(vocab=vocab, vocab_file=str(spm_path), src_lang="en_XX")
+    tokenizer.save_pretrained(str(directory))
+    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "decoder_start_token_id": tokenizer.eos_token_id,
+            "lang_token_ids": {code: tokenizer.convert_tokens_to_ids(code) for code in ("en_XX", "fr_XX", "de_DE")}}
+
+
+def write_t5_tokenizer(directory: Path, extra_ids: int = 4) -> dict:
+    """T5: tokenizer.json (Unigram) beside spiece.model ("<pad>" 0, "</s>" 1, "<unk>" 2, as T5's own), with
+    `extra_ids` sentinel tokens (the real one has 100) after the pieces, "<extra_id_0>" last."""
+    from transformers import T5Tokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    spm_path = train_sentencepiece(directory / "spiece.model", corpus(ENGLISH + GERMAN, seed=7), 260, "unigram",
+                                   pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+    spm = read_sentencepiece(spm_path)
+    sentinels = [f"<extra_id_{i}>" for i in range(extra_ids - 1, -1, -1)]
+    tokenizer = T5Tokenizer(vocab=list(zip(spm.pieces, spm.scores)) + [(s, 0.0) for s in sentinels],
+                            vocab_file=str(spm_path), _spm_precompiled_charsmap=spm.precompiled_charsmap,
+                            extra_ids=extra_ids, additional_special_tokens=sentinels)
+    tokenizer.save_pretrained(str(directory))
+    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "decoder_start_token_id": tokenizer.pad_token_id}
+
+
+def write_bart_tokenizer(directory: Path) -> dict:
+    """BART: byte-level BPE (tokenizer.json, vocab.json, merges.txt) with "<s>" 0, "<pad>" 1, "</s>" 2, "<unk>" 3
+    and "<mask>" last. BART's decoder starts with "</s>" and is forced to "<s>" next (forced_bos_token_id)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import BartTokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    trained = Tokenizer(models.BPE())
+    trained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trained.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trained.train_from_iterator(corpus(ENGLISH, seed=8), trainer)
+    model = json.loads(trained.to_str())["model"]
+    vocab = dict(model["vocab"])
+    vocab["<mask>"] = len(vocab)
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    tokenizer = BartTokenizer(vocab=vocab, merges=merges)
+    tokenizer.save_pretrained(str(directory))
+    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "decoder_start_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id,
+            "forced_bos_token_id": tokenizer.bos_token_id}
