@@ -95,7 +95,7 @@ def write_marian_tokenizer(directory: Path, languages: list[str] | None = None, 
     tokenizer = MarianTokenizer(str(source_spm), str(target_spm), str(directory / "vocab.json"),
                                 source_lang="en", target_lang="fr", **kwargs)
     tokenizer.save_pretrained(str(directory))
-    pad = target_vocab["<pad>"]
+    pad = target_vocab["<pad>"]  # Marian's decoder starts with <pad>
     return {"vocab_size": len(target_vocab), "pad_token_id": pad, "eos_token_id": target_vocab["</s>"],
             "decoder_start_token_id": pad}
 
@@ -124,76 +124,71 @@ def write_m2m100_tokenizer(directory: Path, languages: tuple[str, ...] = ("en", 
             "lang_token_ids": lang_ids}
 
 
-def _fairseq_spm_vocab(spm_path: Path) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """NLLB's layout of a BPE spm: "<s>" 0, "<pad>" 1, "</s>" 2, "<unk>" 3, then spm piece i at i + 1 (fairseq's
-    offset), with the merges transformers derives from the pieces' order."""
-    from transformers.tokenization_utils_base import generate_merges
-
-    spm = read_sentencepiece(spm_path)
-    merges = generate_merges({piece: i for i, piece in enumerate(spm.pieces)})
-    tokens = ["<s>", "<pad>", "</s>", "<unk>"] + spm.pieces[3:]
-    return {token: i for i, token in enumerate(tokens)}, merges
+def _model_config(tokenizer, decoder_start: str, languages=()) -> dict:
+    """What a model config built on `tokenizer` needs; `decoder_start` names the token the decoder starts with."""
+    config = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+              "eos_token_id": tokenizer.eos_token_id,
+              "decoder_start_token_id": tokenizer.convert_tokens_to_ids(decoder_start)}
+    if languages:
+        config["lang_token_ids"] = {code: tokenizer.convert_tokens_to_ids(code) for code in languages}
+    return config
 
 
 def write_nllb_tokenizer(directory: Path, languages: tuple[str, ...] = ("eng_Latn", "fra_Latn", "deu_Latn"),
                          legacy_behaviour: bool = False) -> dict:
     """NLLB-200: tokenizer.json (BPE) beside sentencepiece.bpe.model; only `languages` become language tokens
-    (the real one has 202), after the pieces and before "<mask>", as in NLLB-200. `legacy_behaviour`: the source language goes
-    after the text's </s>, not before the text."""
+    (the real one has 202), after the pieces and before "<mask>" as in NLLB-200. `legacy_behaviour`: the source
+    language goes after the text's </s>, not before the text."""
     from transformers import NllbTokenizer
+    from transformers.tokenization_utils_base import generate_merges
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     spm_path = train_sentencepiece(directory / "sentencepiece.bpe.model", corpus(ENGLISH + FRENCH + GERMAN, seed=5),
                                    300, "bpe")
-    vocab, merges = _fairseq_spm_vocab(spm_path)
-    for token in [*languages, "<mask>"]:  # where NLLB-200 has them: the codes after the pieces, then <mask>
-        vocab[token] = len(vocab)
-    tokenizer = NllbTokenizer(vocab=vocab, merges=merges, vocab_file=str(spm_path), src_lang=languages[0],
-                              _spm_precompiled_charsmap=read_sentencepiece(spm_path).precompiled_charsmap,
-                              additional_special_tokens=list(languages), legacy_behaviour=legacy_behaviour)
+    spm = read_sentencepiece(spm_path)
+    # fairseq's layout: "<s>" 0, "<pad>" 1, "</s>" 2, "<unk>" 3, spm piece i (i >= 3) at i + 1; the merges are
+    # those transformers derives from the pieces' order
+    tokens = ["<s>", "<pad>", "</s>", "<unk>"] + spm.pieces[3:] + list(languages) + ["<mask>"]
+    merges = generate_merges({piece: i for i, piece in enumerate(spm.pieces)})
+    tokenizer = NllbTokenizer(vocab={token: i for i, token in enumerate(tokens)}, merges=merges,
+                              vocab_file=str(spm_path), _spm_precompiled_charsmap=spm.precompiled_charsmap,
+                              src_lang=languages[0], additional_special_tokens=list(languages),
+                              legacy_behaviour=legacy_behaviour)
     tokenizer.save_pretrained(str(directory))
-    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
-            "decoder_start_token_id": tokenizer.eos_token_id,
-            "lang_token_ids": {code: tokenizer.convert_tokens_to_ids(code) for code in languages}}
+    return _model_config(tokenizer, "</s>", languages)
+
+
+def _write_mbart(directory: Path, class_name: str, seed: int) -> dict:
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    spm_path = train_sentencepiece(directory / "sentencepiece.bpe.model", corpus(ENGLISH + FRENCH + GERMAN, seed=seed),
+                                   300, "unigram")
+    spm = read_sentencepiece(spm_path)
+    vocab = list(zip(spm.pieces, spm.scores))
+    if class_name == "MBartTokenizer":  # it takes the vocabulary laid out, as transformers' converter makes it
+        from transformers.models.mbart.tokenization_mbart import FAIRSEQ_LANGUAGE_CODES
+
+        vocab = ([("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + vocab[3:]
+                 + [(code, 0.0) for code in FAIRSEQ_LANGUAGE_CODES] + [("<mask>", 0.0)])
+    tokenizer = getattr(transformers, class_name)(vocab=vocab, vocab_file=str(spm_path), src_lang="en_XX",
+                                                  _spm_precompiled_charsmap=spm.precompiled_charsmap)
+    tokenizer.save_pretrained(str(directory))
+    return _model_config(tokenizer, "</s>", ("en_XX", "fr_XX", "de_DE"))
 
 
 def write_mbart50_tokenizer(directory: Path) -> dict:
-    """mBART-50: tokenizer.json (Unigram) beside sentencepiece.bpe.model; transformers adds all 52 language codes
-    ("en_XX", ...) and "<mask>" after the pieces."""
-    from transformers import MBart50Tokenizer
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    spm_path = train_sentencepiece(directory / "sentencepiece.bpe.model", corpus(ENGLISH + FRENCH + GERMAN, seed=6),
-                                   300, "unigram")
-    spm = read_sentencepiece(spm_path)
-    tokenizer = MBart50Tokenizer(vocab=list(zip(spm.pieces, spm.scores)), vocab_file=str(spm_path),
-                                 _spm_precompiled_charsmap=spm.precompiled_charsmap, src_lang="en_XX")
-    tokenizer.save_pretrained(str(directory))
-    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
-            "decoder_start_token_id": tokenizer.eos_token_id,
-            "lang_token_ids": {code: tokenizer.convert_tokens_to_ids(code) for code in ("en_XX", "fr_XX", "de_DE")}}
+    """mBART-50: tokenizer.json (Unigram) beside sentencepiece.bpe.model; transformers puts all 52 language
+    codes ("en_XX", ...) and "<mask>" after the pieces. The source language goes before the text."""
+    return _write_mbart(directory, "MBart50Tokenizer", seed=6)
 
 
 def write_mbart_tokenizer(directory: Path) -> dict:
-    """mBART (cc25, MBartTokenizer): tokenizer.json (Unigram) beside sentencepiece.bpe.model, its 25 language
-    codes and "<mask>" after the pieces; the source language goes after the text's </s>."""
-    from transformers import MBartTokenizer
-    from transformers.models.mbart.tokenization_mbart import FAIRSEQ_LANGUAGE_CODES
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    spm_path = train_sentencepiece(directory / "sentencepiece.bpe.model", corpus(ENGLISH + FRENCH + GERMAN, seed=9),
-                                   300, "unigram")
-    spm = read_sentencepiece(spm_path)
-    vocab = ([("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + list(zip(spm.pieces, spm.scores))[3:]
-             + [(code, 0.0) for code in FAIRSEQ_LANGUAGE_CODES] + [("<mask>", 0.0)])
-    tokenizer = MBartTokenizer(vocab=vocab, vocab_file=str(spm_path), src_lang="en_XX")
-    tokenizer.save_pretrained(str(directory))
-    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
-            "decoder_start_token_id": tokenizer.eos_token_id,
-            "lang_token_ids": {code: tokenizer.convert_tokens_to_ids(code) for code in ("en_XX", "fr_XX", "de_DE")}}
+    """mBART (cc25, MBartTokenizer): as mBART-50 with its first 25 codes; the source language goes after the
+    text's </s>."""
+    return _write_mbart(directory, "MBartTokenizer", seed=9)
 
 
 def write_t5_tokenizer(directory: Path, extra_ids: int = 4) -> dict:
@@ -211,13 +206,13 @@ def write_t5_tokenizer(directory: Path, extra_ids: int = 4) -> dict:
                             vocab_file=str(spm_path), _spm_precompiled_charsmap=spm.precompiled_charsmap,
                             extra_ids=extra_ids, additional_special_tokens=sentinels)
     tokenizer.save_pretrained(str(directory))
-    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
-            "decoder_start_token_id": tokenizer.pad_token_id}
+    return _model_config(tokenizer, "<pad>")
 
 
 def write_bart_tokenizer(directory: Path) -> dict:
-    """BART: byte-level BPE (tokenizer.json, vocab.json, merges.txt) with "<s>" 0, "<pad>" 1, "</s>" 2, "<unk>" 3
-    and "<mask>" last. BART's decoder starts with "</s>" and is forced to "<s>" next (forced_bos_token_id)."""
+    """BART: byte-level BPE (tokenizer.json, and vocab.json with merges.txt as the hub also ships them) with "<s>" 0,
+    "<pad>" 1, "</s>" 2, "<unk>" 3 and "<mask>" last. BART's decoder starts with "</s>", then is forced to "<s>"
+    (forced_bos_token_id, also returned, with bos_token_id)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import BartTokenizer
 
@@ -233,8 +228,9 @@ def write_bart_tokenizer(directory: Path) -> dict:
     vocab = dict(model["vocab"])
     vocab["<mask>"] = len(vocab)
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    (directory / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
     tokenizer = BartTokenizer(vocab=vocab, merges=merges)
     tokenizer.save_pretrained(str(directory))
-    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
-            "decoder_start_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id,
-            "forced_bos_token_id": tokenizer.bos_token_id}
+    config = _model_config(tokenizer, "</s>")
+    return {**config, "bos_token_id": tokenizer.bos_token_id, "forced_bos_token_id": tokenizer.bos_token_id}

@@ -25,7 +25,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
 from ..loading.errors import CheckpointError, read_json_object
-from .sentencepiece_vocab import SentencePieceEncoder, SentencePieceModel, read_sentencepiece, spm_tokenizer, vocab_layout
+from .sentencepiece_vocab import (SentencePieceEncoder, SentencePieceModel, read_sentencepiece, spm_tokenizer,
+                                  vocab_layout)
 from .tokenizer import Tokenizer
 from .tokenizer_config import TOKENIZER_CONFIG_FILE, read_tokenizer_config
 
@@ -56,6 +57,10 @@ LANGUAGE_STYLES = ("prefix", "suffix")
 
 
 class Seq2SeqTokenizer:
+    """Encoder input ids for a text and its languages, the decoder's forced first ids, and the target-side
+    `Tokenizer` (`target`) that decodes generated ids. `languages`: the codes the checkpoint takes, as users
+    name them ("fra" for Marian's ">>fra<<", "fr" for M2M100's "__fr__", "fra_Latn", "fr_XX"); [] if none."""
+
     def __init__(self, style: str, encode: Callable[[str], list[int]], target: Tokenizer,
                  languages: dict[str, int], eos_id: int, bos_id: int | None = None):
         self.style = style
@@ -140,14 +145,16 @@ def _load_marian(directory: Path, tok_config: dict, special: dict[str, str]) -> 
     target_layout = vocab_layout(target_vocab, target_path)
     source_spm = read_sentencepiece(directory / "source.spm")
     target_spm = read_sentencepiece(directory / "target.spm")
-    unk, eos, pad = special.get("unk_token", "<unk>"), special.get("eos_token", "</s>"), special.get("pad_token", "<pad>")
+    unk, eos = special.get("unk_token", "<unk>"), special.get("eos_token", "</s>")
+    pad = special.get("pad_token", "<pad>")
     added = {t: vocab[t] for t in _added_tokens(tok_config, special) if t in vocab}
     encoder = SentencePieceEncoder(source_spm, vocab, _token_id(vocab, unk, vocab_path), added, language_codes=True)
     target_specials = [t for t in (eos, unk, pad, *added) if t in target_vocab]
     target = spm_tokenizer(target_layout, target_spm, unk, target_specials, "sentencepiece")
     languages = {token[2:-2]: i for token, i in sorted(vocab.items(), key=lambda item: item[1])
                  if token.startswith(">>") and token.endswith("<<") and len(token) > 4}
-    return Seq2SeqTokenizer("marian", encoder.encode, Tokenizer(target, target_vocab.get(eos)), languages,
+    target_eos = _token_id(target_vocab, eos, target_path if target_vocab is not vocab else vocab_path)
+    return Seq2SeqTokenizer("marian", encoder.encode, Tokenizer(target, target_eos), languages,
                             _token_id(vocab, eos, vocab_path))
 
 
@@ -167,7 +174,8 @@ def _load_m2m100(directory: Path, tok_config: dict, special: dict[str, str]) -> 
     added = {t: vocab[t] for t in _added_tokens(tok_config, special) if t in vocab}
     encoder = SentencePieceEncoder(spm, vocab, _token_id(vocab, unk, vocab_path), added)
     lang_tokens = [f"__{code}__" for code in codes]
-    # Language tokens are special here (transformers 4 skipped them; 5 decodes them as text): see the report.
+    # Language tokens decode to nothing, as in transformers 4 (transformers 5 no longer marks them special and
+    # writes "__fr__" into the text)
     target = spm_tokenizer(layout + lang_tokens + madeup, spm, unk, [*added, *lang_tokens, *madeup],
                            "sentencepiece")
     eos_id = _token_id(vocab, eos, vocab_path)
@@ -180,15 +188,16 @@ def _tokenizer_json_languages(hf: HFTokenizer, kind: str) -> dict[str, int]:
                                             if t.special and pattern.fullmatch(t.content))}
 
 
-def _bart_from_vocab(directory: Path) -> HFTokenizer:
-    """Byte-level BPE from vocab.json and merges.txt, for a BART checkpoint that ships no tokenizer.json."""
+def _bart_from_vocab(directory: Path, tok_config: dict) -> HFTokenizer:
+    """Byte-level BPE from vocab.json and merges.txt, for a BART checkpoint that ships no tokenizer.json, as
+    transformers' RobertaTokenizer builds it."""
     from tokenizers import decoders, pre_tokenizers
 
     for name in ("vocab.json", "merges.txt"):
         if not (directory / name).is_file():
             raise CheckpointError(directory / TOKENIZER_FILE, f"missing, and so is {name} to build it from")
     hf = HFTokenizer(BPE.from_file(str(directory / "vocab.json"), str(directory / "merges.txt")))
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(tok_config.get("add_prefix_space", False)))
     hf.decoder = decoders.ByteLevel()
     vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
     hf.add_special_tokens([t for t in ("<s>", "<pad>", "</s>", "<unk>", "<mask>") if t in vocab])
@@ -232,7 +241,7 @@ def _load_tokenizers_family(directory: Path, kind: str, tok_config: dict, specia
             raise CheckpointError(directory / TOKENIZER_FILE, f"not a tokenizers file ({e})") from None
         languages = _tokenizer_json_languages(hf, kind) if kind in LANGUAGE_TOKEN else {}
     elif kind == "bart":
-        hf, languages = _bart_from_vocab(directory), {}
+        hf, languages = _bart_from_vocab(directory, tok_config), {}
     else:  # what transformers builds from the SentencePiece model when there is no tokenizer.json
         spm = read_sentencepiece(directory / SPM_FILES[kind])
         layout, codes = _spm_layout(kind, spm, tok_config, directory)
