@@ -56,6 +56,7 @@ class Seq2SeqConfig:
     output_bias: bool = False  # a bias on the logits (final_logits_bias)
     decoder_start_token_id: int = 0
     pad_token_id: int | None = None
+    forced_bos_token_id: int | None = None  # every output starts with it (BART's <s>), unless a language is forced
     extra: dict = field(default_factory=dict)  # provenance (the Hugging Face model type it came from)
 
     def __post_init__(self):

@@ -33,6 +33,7 @@ def _common(raw: dict, **switches) -> Seq2SeqConfig:
         max_seq_len=raw["max_position_embeddings"], activation=_activation(raw["activation_function"]),
         embed_scale=scale, tie_output=raw.get("tie_word_embeddings", True),
         decoder_start_token_id=raw["decoder_start_token_id"], pad_token_id=raw.get("pad_token_id"),
+        forced_bos_token_id=raw.get("forced_bos_token_id"),
         extra={"hf_model_type": raw["model_type"]},
     )
     return Seq2SeqConfig(**{**fields, **switches})

@@ -1,6 +1,7 @@
 """SentencePiece models as seq2seq checkpoints ship them: the model file read without protobuf (not a dependency
-of Quill), encoding with `sentencepiece` itself (the exact pieces transformers' slow tokenizers get), and the
-`tokenizers` tokenizer that decodes a target vocabulary laid out in a checkpoint's own id order."""
+of Quill), encoding with `sentencepiece` itself (the exact pieces transformers' SentencePiece tokenizers get), and
+`tokenizers` tokenizers over a vocabulary laid out in a checkpoint's own id order, which decode as transformers
+does (and incrementally, through DecodeStream)."""
 
 from __future__ import annotations
 
@@ -30,20 +31,13 @@ class SentencePieceModel:
     scores: list[float] = field(default_factory=list)
     types: list[int] = field(default_factory=list)
     model_type: int = UNIGRAM
-    unk_id: int = 0
     byte_fallback: bool = False
     precompiled_charsmap: bytes = b""
     remove_extra_whitespaces: bool = True
     processor: sentencepiece.SentencePieceProcessor | None = None
 
-    def piece_ids(self) -> dict[str, int]:
-        return {piece: i for i, piece in enumerate(self.pieces)}
-
     def encode_pieces(self, text: str) -> list[str]:
         return self.processor.encode(text, out_type=str)
-
-    def encode_ids(self, text: str) -> list[int]:
-        return self.processor.encode(text, out_type=int)
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -80,7 +74,7 @@ def _fields(data: bytes):
 
 def read_sentencepiece(path: Path) -> SentencePieceModel:
     """The ModelProto fields that matter here (sentencepiece_model.proto): pieces (1: piece, score, type),
-    trainer_spec (2: model_type 3, byte_fallback 35, unk_id 40), normalizer_spec (3: precompiled_charsmap 2,
+    trainer_spec (2: model_type 3, byte_fallback 35), normalizer_spec (3: precompiled_charsmap 2,
     remove_extra_whitespaces 4)."""
     if not path.is_file():
         raise CheckpointError(path, "missing: the checkpoint's SentencePiece model is needed for its tokenizer")
@@ -106,8 +100,6 @@ def read_sentencepiece(path: Path) -> SentencePieceModel:
                         model.model_type = sub_value
                     elif sub == 35:
                         model.byte_fallback = bool(sub_value)
-                    elif sub == 40:
-                        model.unk_id = sub_value
             elif number == 3:
                 for sub, sub_value in _fields(value):
                     if sub == 2:
@@ -197,7 +189,9 @@ def spm_tokenizer(layout: list[str], spm: SentencePieceModel, unk_token: str, sp
       tokenizers from a SentencePiece model (for checkpoints without tokenizer.json)."""
     if unk_token not in layout:
         raise CheckpointError(spm.path, f"the vocabulary has no unknown token {unk_token!r}")
-    if spm.model_type == BPE_MODEL if bpe is None else bpe:
+    if bpe is None:
+        bpe = spm.model_type == BPE_MODEL
+    if bpe:
         vocab = {token: i for i, token in enumerate(layout)}
         model = BPE(vocab=vocab, merges=_bpe_merges(spm, vocab), unk_token=unk_token, fuse_unk=True,
                     byte_fallback=spm.byte_fallback, dropout=None)

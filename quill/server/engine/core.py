@@ -180,7 +180,10 @@ class EngineCore:
         first = self._new_sequence(group, list(prompt_token_ids), 0)
         if params.structured is not None:  # cached when the API process checked it; GrammarError if refused
             first.grammar = self.grammars.matcher(params.structured)
-        for token in forced_token_ids or params.forced_token_ids:
+        forced = forced_token_ids or params.forced_token_ids
+        if not forced and group.encoder_token_ids is not None:  # the checkpoint's own first token (BART's <s>)
+            forced = [t for t in [getattr(self.loaded.model.config, "forced_bos_token_id", None)] if t is not None]
+        for token in forced:
             self.outputs.append(first, token, 0.0, None)
         group.seqs.append(first)
         self.scheduler.add(group)
