@@ -25,7 +25,18 @@ def hf_classes(family: str):
 
     return {"marian": (t.MarianConfig, t.MarianMTModel), "bart": (t.BartConfig, t.BartForConditionalGeneration),
             "mbart": (t.MBartConfig, t.MBartForConditionalGeneration),
-            "m2m_100": (t.M2M100Config, t.M2M100ForConditionalGeneration)}[family]
+            "m2m_100": (t.M2M100Config, t.M2M100ForConditionalGeneration),
+            "t5": (t.T5Config, t.T5ForConditionalGeneration), "t5-gated": (t.T5Config, t.T5ForConditionalGeneration),
+            "mt5": (t.MT5Config, t.MT5ForConditionalGeneration)}[family]
+
+
+def _t5_shapes(family: str) -> dict:
+    """T5's own names for the shapes, a head size apart from d_model / heads (as T5's d_kv may be); plain T5 with
+    more decoder layers than encoder ones (transformers' generate() then fails: its cache counts the encoder's)."""
+    return dict(d_model=32, d_kv=6, d_ff=48, num_layers=2, num_decoder_layers=3 if family == "t5" else 2, num_heads=4,
+                relative_attention_num_buckets=8, relative_attention_max_distance=20, pad_token_id=0,
+                eos_token_id=1, decoder_start_token_id=0,
+                feed_forward_proj="relu" if family == "t5" else "gated-gelu")
 
 
 def write_hf_model(directory: Path, family: str, vocab_size: int = VOCAB, seed: int = 0, **config):
@@ -34,8 +45,11 @@ def write_hf_model(directory: Path, family: str, vocab_size: int = VOCAB, seed: 
     transformers model."""
     config_cls, model_cls = hf_classes(family)
     torch.manual_seed(seed)
-    ids = {**IDS, "decoder_start_token_id": START.get(family, 2)}
-    model = model_cls(config_cls(vocab_size=vocab_size, **{**SHAPES, **ids, **config})).eval()
+    if family in ("t5", "t5-gated", "mt5"):
+        shapes = _t5_shapes(family)
+    else:
+        shapes = {**SHAPES, **IDS, "decoder_start_token_id": START.get(family, 2)}
+    model = model_cls(config_cls(vocab_size=vocab_size, **{**shapes, **config})).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "embed_positions" in name and family in ("marian", "m2m_100"):

@@ -21,8 +21,19 @@ def test_keys_logs_paths_and_cors(tiny_checkpoints):
                              ("POST", "/generate_stream"), ("POST", "/"), ("GET", "/docs"), ("GET", "/openapi.json")]:
             r = httpx.request(method, f"{server.url}{path}", json={"prompt": "x", "inputs": "x"})
             assert r.status_code == 401, path
-        for path in ("/health", "/ready", "/metrics", "/playground", "/"):
+        for path in ("/health", "/ready", "/metrics", "/playground", "/", "/languages"):
             assert httpx.get(f"{server.url}{path}").status_code == 200, path
+        # LibreTranslate's clients send the key as a field: a wrong or missing one is refused before the route,
+        # a right one reaches the route (which refuses the request itself: no source language, no translation model)
+        for data in ({"q": "x", "target": "fr"}, {"q": "x", "target": "fr", "api_key": "wrong"}):
+            assert httpx.post(f"{server.url}/translate", data=data).status_code == 401
+            assert httpx.post(f"{server.url}/translate", json=data).status_code == 401
+        assert httpx.post(f"{server.url}/translate", data={"q": "x", "target": "fr", "api_key": KEY}).status_code in (400, 404)
+        # never from the query string, which access logs print
+        assert httpx.post(f"{server.url}/translate?api_key=second-key", data={"q": "x", "target": "fr"}
+                          ).status_code == 401
+        assert httpx.post(f"{server.url}/translate", json={"q": "x", "target": "fr", "api_key": "second-key"}
+                          ).status_code in (400, 404)
         secret_prompt = "my very private prompt text"
         r = httpx.post(f"{server.url}/v1/completions", headers=auth,
                        json={"prompt": secret_prompt, "max_tokens": 3, "ignore_eos": True})
@@ -37,7 +48,7 @@ def test_keys_logs_paths_and_cors(tiny_checkpoints):
         assert "access-control-allow-origin" not in r.headers
     finally:
         log = server.stop()
-    assert KEY not in log and "second-key" not in log
+    assert KEY not in log and "second-key" not in log.replace("/translate?api_key=second-key", "")
     assert secret_prompt not in log
     lines = [json.loads(line.split("quill.requests: ", 1)[1]) for line in log.splitlines() if "quill.requests: " in line]
     done = [rec for rec in lines if rec["status"] == 200]

@@ -31,10 +31,11 @@ class CrossAttention:
         self._mask = None
 
     @classmethod
-    def build(cls, batch: StepBatch, block_size: int, scale: float, device: torch.device,
+    def build(cls, batch: StepBatch, block_size: int, scale: float, self_attention: str,
               dtype: torch.dtype) -> "CrossAttention":
-        use_kernel = device.type == "cpu" and dtype == torch.float32 and not isinstance(kernel(), str)
-        return cls(batch, block_size, scale, use_kernel)
+        """`self_attention`: the name of the backend the decoder's self-attention runs on; the CPU kernel reads
+        the encoder blocks too where it reads the decoder's (float32 only)."""
+        return cls(batch, block_size, scale, self_attention == "cpu" and dtype == torch.float32)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """q (T, H, hd) of the packed decoder tokens; k_cache, v_cache (num_blocks, block_size, H, hd) of one

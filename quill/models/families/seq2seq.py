@@ -1,10 +1,12 @@
 """Encoder-decoder Transformer (Vaswani et al. 2017) as translation and summarization checkpoints ship it: Marian
-(OPUS-MT), BART and mBART, M2M100 and NLLB-200.
+(OPUS-MT), BART and mBART, M2M100 and NLLB-200, T5 and mT5.
 
 One configuration spans them, their departures as switches: post-norm layers (Marian, BART) or pre-norm with a
-final norm (mBART, M2M100); sinusoidal positions in Marian's layout (sines then cosines, wavelengths over d) or
-fairseq's (over d/2 - 1, positions from the padding id + 1), or learned positions read two rows on (BART); a norm
-of the embeddings (BART); embeddings scaled by sqrt(d); a bias on the logits (Marian, BART).
+final norm (mBART, M2M100, T5); sinusoidal positions in Marian's layout (sines then cosines, wavelengths over d) or
+fairseq's (over d/2 - 1, positions from the padding id + 1), learned positions read two rows on (BART), or none
+but T5's relative-position bias on every score (quill/models/attention/relative_bias.py, with no 1/sqrt(d) scale);
+a norm of the embeddings (BART); embeddings scaled by sqrt(d); a bias on the logits (Marian, BART); RMS norms,
+linear layers without biases, a gated feed-forward and the output scaled by 1/sqrt(d) before tied logits (T5).
 
 State: the encoder runs once per request (`encode`, sources of many requests packed in one pass) and writes every
 decoder layer's cross-attention K,V into blocks of the state's `EncoderCache`, which each sequence of the request
@@ -23,13 +25,16 @@ from torch import nn
 
 from ..attention import select_attention_backend
 from ..attention.cross import CrossAttention
+from ..attention.relative_bias import RelativeBias, RelativeBiasAttention
 from ..batch import StepBatch
 from ..host_copy import to_device
 from ..kernels import TORCH_OPS, LayerOps
 from ..kernels.torch_ops import ACTIVATIONS
 from ..state import EncoderCache, EncoderDecoderState, PagedKVCache
+from .transformer import RMSNorm
 
-POSITIONALS = ("sinusoidal", "sinusoidal_fairseq", "learned")
+POSITIONALS = ("sinusoidal", "sinusoidal_fairseq", "learned", "none")
+NORMS = ("layernorm", "rmsnorm")
 
 
 @dataclass
@@ -54,6 +59,14 @@ class Seq2SeqConfig:
     source_vocab_size: int | None = None  # a separate encoder vocabulary (Marian's separate_vocabs); None: shared
     tie_output: bool = True  # the output layer is the decoder's embedding
     output_bias: bool = False  # a bias on the logits (final_logits_bias)
+    norm: str = "layernorm"  # or "rmsnorm" (T5: no mean subtracted, no bias)
+    linear_bias: bool = True  # the attention and feed-forward layers' biases (T5 has none)
+    head_size: int | None = None  # per head (T5's d_kv); None: d_model // n_heads
+    attn_scale: float | None = None  # on every score; None: 1/sqrt(head size) (T5: 1)
+    relative_buckets: int = 0  # T5's relative-position bias: its buckets (0: none)
+    relative_max_distance: int = 128
+    gated_ffn: bool = False  # act(x W0) * (x W1), then the output layer (T5 v1.1, Flan-T5, mT5)
+    output_scale: float = 1.0  # the last hidden state is scaled by this before the logits (T5, tied: d^-1/2)
     decoder_start_token_id: int = 0
     pad_token_id: int | None = None
     forced_bos_token_id: int | None = None  # every output starts with it (BART's <s>), unless a language is forced
@@ -64,12 +77,28 @@ class Seq2SeqConfig:
             raise ValueError(f"positional must be one of {POSITIONALS}, not {self.positional!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, not {self.activation!r}")
-        if self.d_model % self.n_heads or self.d_model % 2:
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, not {self.norm!r}")
+        if self.head_size is None and (self.d_model % self.n_heads or self.d_model % 2):
             raise ValueError(f"d_model ({self.d_model}) must be even and a multiple of n_heads ({self.n_heads})")
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.head_size or self.d_model // self.n_heads
+
+    @property
+    def inner_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim ** -0.5 if self.attn_scale is None else self.attn_scale
+
+
+def make_norm(config: Seq2SeqConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, eps=config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
 
 
 def sinusoids(positions: torch.Tensor, dim: int, layout: str) -> torch.Tensor:
@@ -89,18 +118,22 @@ def sinusoids(positions: torch.Tensor, dim: int, layout: str) -> torch.Tensor:
 class Stack(nn.Module):
     """What an encoder and a decoder both have: positions, the optional embedding and final norms, layers."""
 
-    def __init__(self, config: Seq2SeqConfig, layers: list[nn.Module], max_len: int):
+    def __init__(self, config: Seq2SeqConfig, layers: list[nn.Module], max_len: int, bidirectional: bool):
         super().__init__()
         self.config = config
         learned = config.positional == "learned"
         self.pos_embed = nn.Embedding(max_len + config.position_offset, config.d_model) if learned else None
-        self.embed_norm = nn.LayerNorm(config.d_model, eps=config.norm_eps) if config.embed_norm else None
+        self.rel_bias = RelativeBias(config.relative_buckets, config.n_heads, config.relative_max_distance,
+                                     bidirectional) if config.relative_buckets else None
+        self.embed_norm = make_norm(config) if config.embed_norm else None
         self.layers = nn.ModuleList(layers)
-        self.final_norm = nn.LayerNorm(config.d_model, eps=config.norm_eps) if config.final_norm else None
+        self.final_norm = make_norm(config) if config.final_norm else None
 
     def embed(self, tokens_embedded: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         c = self.config
         x = tokens_embedded * c.embed_scale if c.embed_scale != 1.0 else tokens_embedded
+        if c.positional == "none":
+            return self.embed_norm(x) if self.embed_norm is not None else x
         positions = positions + c.position_offset
         pos = self.pos_embed(positions) if self.pos_embed is not None else sinusoids(positions, c.d_model, c.positional)
         x = x + pos.to(x.dtype)
@@ -115,31 +148,37 @@ def _sublayer(x: torch.Tensor, norm: nn.Module, f, pre_norm: bool) -> torch.Tens
 class FeedForward(nn.Module):
     def __init__(self, config: Seq2SeqConfig, width: int):
         super().__init__()
-        self.fc1 = nn.Linear(config.d_model, width)
-        self.fc2 = nn.Linear(width, config.d_model)
+        self.gated = config.gated_ffn
+        self.fc1 = nn.Linear(config.d_model, 2 * width if self.gated else width, bias=config.linear_bias)  # [W0; W1]
+        self.fc2 = nn.Linear(width, config.d_model, bias=config.linear_bias)
         self.activation = config.activation
 
     def forward(self, x: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
-        return ops.linear(ops.linear_act(x, self.fc1.weight, self.fc1.bias, self.activation), self.fc2.weight,
-                          self.fc2.bias)
+        if self.gated:
+            h = ops.gated_act(ops.linear(x, self.fc1.weight, self.fc1.bias), self.activation)
+        else:
+            h = ops.linear_act(x, self.fc1.weight, self.fc1.bias, self.activation)
+        return ops.linear(h, self.fc2.weight, self.fc2.bias)
 
 
 class EncoderLayer(nn.Module):
     def __init__(self, config: Seq2SeqConfig):
         super().__init__()
         self.config = config
-        d = config.d_model
-        self.attn_norm = nn.LayerNorm(d, eps=config.norm_eps)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.out = nn.Linear(d, d)
-        self.mlp_norm = nn.LayerNorm(d, eps=config.norm_eps)
+        d, inner, bias = config.d_model, config.inner_dim, config.linear_bias
+        self.attn_norm = make_norm(config)
+        self.qkv = nn.Linear(d, 3 * inner, bias=bias)
+        self.out = nn.Linear(inner, d, bias=bias)
+        self.mlp_norm = make_norm(config)
         self.mlp = FeedForward(config, config.encoder_ffn)
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor, ops: LayerOps) -> torch.Tensor:
-        """x (E, S, D) padded sources; mask (E, 1, 1, S): which keys are real."""
+        """x (E, S, D) padded sources; mask (E, 1, 1, S): which keys are real (or, with T5's bias, (E, H, S, S)
+        added to the scores)."""
         heads = self.config.n_heads
         q, k, v = ops.linear(x, self.qkv.weight, self.qkv.bias).unflatten(-1, (3, heads, -1)).unbind(2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                             scale=self.config.scale)
         return ops.linear(out.transpose(1, 2).flatten(-2), self.out.weight, self.out.bias)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
@@ -152,15 +191,15 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: Seq2SeqConfig):
         super().__init__()
         self.config = config
-        d = config.d_model
-        self.attn_norm = nn.LayerNorm(d, eps=config.norm_eps)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.out = nn.Linear(d, d)
-        self.cross_norm = nn.LayerNorm(d, eps=config.norm_eps)
-        self.cross_q = nn.Linear(d, d)
-        self.cross_kv = nn.Linear(d, 2 * d)  # applied to the encoder's output once per request (`encode`)
-        self.cross_out = nn.Linear(d, d)
-        self.mlp_norm = nn.LayerNorm(d, eps=config.norm_eps)
+        d, inner, bias = config.d_model, config.inner_dim, config.linear_bias
+        self.attn_norm = make_norm(config)
+        self.qkv = nn.Linear(d, 3 * inner, bias=bias)
+        self.out = nn.Linear(inner, d, bias=bias)
+        self.cross_norm = make_norm(config)
+        self.cross_q = nn.Linear(d, inner, bias=bias)
+        self.cross_kv = nn.Linear(d, 2 * inner, bias=bias)  # applied to the encoder's output once per request (`encode`)
+        self.cross_out = nn.Linear(inner, d, bias=bias)
+        self.mlp_norm = make_norm(config)
         self.mlp = FeedForward(config, config.decoder_ffn)
 
     def self_attend(self, x, k_cache, v_cache, attention, ops: LayerOps) -> torch.Tensor:
@@ -189,8 +228,9 @@ class Seq2SeqTransformer(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, d)  # the decoder's, and the encoder's where they share one
         self.src_embed = nn.Embedding(config.source_vocab_size, d) if config.source_vocab_size else None
         self.encoder = Stack(config, [EncoderLayer(config) for _ in range(config.encoder_layers)],
-                             config.max_source_len)
-        self.decoder = Stack(config, [DecoderLayer(config) for _ in range(config.decoder_layers)], config.max_seq_len)
+                             config.max_source_len, bidirectional=True)
+        self.decoder = Stack(config, [DecoderLayer(config) for _ in range(config.decoder_layers)], config.max_seq_len,
+                             bidirectional=False)
         self.lm_head = None if config.tie_output else nn.Linear(d, config.vocab_size, bias=False)
         self.lm_bias = nn.Parameter(torch.zeros(1, config.vocab_size)) if config.output_bias else None
         self.attention_backend = "auto"  # resolved by new_state, as a decoder-only Transformer's
@@ -218,6 +258,9 @@ class Seq2SeqTransformer(nn.Module):
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.encoder.embed(self.source_embed(tokens), positions)
         mask = (positions[None, :] < lengths[:, None])[:, None, None, :]
+        if self.encoder.rel_bias is not None:  # T5: the bias, and -inf on the padding keys
+            bias = self.encoder.rel_bias(positions, positions)[None]  # (1, H, S, S)
+            mask = bias.masked_fill(~mask, float("-inf")).to(x.dtype)
         for layer in self.encoder.layers:
             x = layer(x, mask, ops)
         return self.encoder.final_norm(x) if self.encoder.final_norm is not None else x
@@ -247,10 +290,12 @@ class Seq2SeqTransformer(nn.Module):
     def step(self, batch: StepBatch, state: EncoderDecoderState) -> torch.Tensor:
         """Run each sequence's new decoder tokens against its cached self-attention K,V (written in place) and its
         request's encoder output."""
-        kv, memory, ops = state.kv, state.encoder, self.layer_ops
-        attention = kv.attention.build(batch, kv.block_size)
-        cross = CrossAttention.build(batch, memory.block_size, self.config.head_dim ** -0.5, memory.k.device,
-                                     memory.k.dtype)
+        kv, memory, ops, c = state.kv, state.encoder, self.layer_ops, self.config
+        if self.decoder.rel_bias is not None:
+            attention = RelativeBiasAttention(batch, kv.block_size, self.decoder.rel_bias, c.scale, kv.k.dtype)
+        else:
+            attention = kv.attention.build(batch, kv.block_size)
+        cross = CrossAttention.build(batch, memory.block_size, c.scale, kv.attention.name, memory.k.dtype)
         x = self.decoder.embed(self.embed(batch.token_ids), batch.positions)
         for i, layer in enumerate(self.decoder.layers):
             x = layer.step(x, (kv.k[i], kv.v[i]), (memory.k[i], memory.v[i]), attention, cross, ops)
@@ -258,6 +303,8 @@ class Seq2SeqTransformer(nn.Module):
             x = x[batch.logits_indices]
         if self.decoder.final_norm is not None:
             x = self.decoder.final_norm(x)
+        if c.output_scale != 1.0:
+            x = x * c.output_scale
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         logits = ops.linear(x, weight, None)
         if self.lm_bias is not None:

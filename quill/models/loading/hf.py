@@ -81,6 +81,7 @@ def tensor_sources(config: TransformerConfig, params: Iterable[str], names: set[
     family = FAMILIES[config.extra["hf_model_type"]]
     if family.tensors is None:
         return [same_name(param) for param in params]
+    table = family.tensors(config) if callable(family.tensors) else family.tensors  # a table per configuration
     # A ...ForCausalLM checkpoint nests the base model under a prefix; a bare base model does not.
     prefix = family.prefix if any(n.startswith(family.prefix) for n in names) else ""
     out = []
@@ -88,7 +89,7 @@ def tensor_sources(config: TransformerConfig, params: Iterable[str], names: set[
         layer = _LAYER.search(param)
         key = _LAYER.sub("layers.{i}.", param)
         stem, _, kind = key.rpartition(".")
-        source = family.tensors.get(key) or family.tensors.get(stem + ".{w}")
+        source = table.get(key) or table.get(stem + ".{w}")
         if source is None:  # our model grew a parameter the family's table does not know
             raise ValueError(f"no {config.extra['hf_model_type']} checkpoint tensor is known for parameter {param!r}")
         fill = dict(p=prefix, i=layer.group(1) if layer else "", w=kind)

@@ -54,8 +54,9 @@ def transposed(name: str) -> Source:
 @dataclass(frozen=True)
 class Family:
     read_config: Callable[[dict], object]  # config.json (with `defaults` filled in) -> our config of `architecture`
-    # Our parameter name -> its checkpoint tensors; None: our modules carry the checkpoint's own names.
-    tensors: dict[str, Source] | None
+    # Our parameter name -> its checkpoint tensors (or a function of our config giving that table); None: our
+    # modules carry the checkpoint's own names.
+    tensors: dict[str, Source] | Callable[[object], dict[str, Source]] | None
     prefix: str = "model."
     # Values the family's transformers class assumes when config.json leaves a key out.
     defaults: dict = field(default_factory=dict)

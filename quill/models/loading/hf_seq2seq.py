@@ -1,4 +1,4 @@
-"""The Hugging Face encoder-decoder families: how each config.json maps onto `Seq2SeqConfig`, and the table of
+"""The Hugging Face encoder-decoder families (Marian, BART, mBART, M2M100/NLLB, T5/mT5): how each config.json maps onto `Seq2SeqConfig`, and the table of
 checkpoint tensors each of our parameters is made of (q, k, v fused into one matmul; the cross-attention's k, v
 into another, run once per request on the encoder's output).
 
@@ -91,6 +91,63 @@ SEQ2SEQ_TENSORS = {
     f"{_DEC_OURS}.mlp.fc2.{{w}}": one(f"{_DEC_THEIRS}.fc2.{{w}}"),
 }
 
+def _t5(raw: dict) -> Seq2SeqConfig:
+    """T5 and mT5: relative-position bias, RMS norms, no biases, relu or gated feed-forward (feed_forward_proj)."""
+    gated, _, act = raw["feed_forward_proj"].rpartition("-")
+    activation = {"gelu": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu"}.get(act)
+    if activation is None or gated not in ("", "gated"):
+        raise ValueError(f"feed_forward_proj {raw['feed_forward_proj']!r} is not supported")
+    tied = raw.get("tie_word_embeddings", True)
+    length = raw.get("n_positions") or 512  # no positions to outgrow: the length T5 was trained on
+    return Seq2SeqConfig(
+        vocab_size=raw["vocab_size"], d_model=raw["d_model"], encoder_layers=raw["num_layers"],
+        decoder_layers=raw.get("num_decoder_layers") or raw["num_layers"], n_heads=raw["num_heads"],
+        encoder_ffn=raw["d_ff"], decoder_ffn=raw["d_ff"], max_source_len=length, max_seq_len=length,
+        activation=activation, pre_norm=True, final_norm=True, positional="none", norm="rmsnorm",
+        norm_eps=raw["layer_norm_epsilon"], linear_bias=False, head_size=raw["d_kv"], attn_scale=1.0,
+        relative_buckets=raw["relative_attention_num_buckets"],
+        relative_max_distance=raw["relative_attention_max_distance"], gated_ffn=gated == "gated",
+        # T5 scales its last hidden state where the output layer is the embedding; mT5 never does (transformers 5
+        # ties mT5's and still does not scale)
+        output_scale=raw["d_model"] ** -0.5 if tied and raw["model_type"] == "t5" else 1.0, tie_output=tied,
+        decoder_start_token_id=raw["decoder_start_token_id"], pad_token_id=raw.get("pad_token_id"),
+        extra={"hf_model_type": raw["model_type"]},
+    )
+
+
+def _t5_tensors(config: Seq2SeqConfig) -> dict:
+    """T5's names: block i, layer 0 its self-attention, 1 the cross-attention (decoder), last the feed-forward."""
+    ff = "wi_0.weight", "wi_1.weight"
+    table = {"embed.weight": one("shared.weight|decoder.embed_tokens.weight"), "lm_head.weight": one("lm_head.weight")}
+    for stack in ("encoder", "decoder"):
+        ours, theirs = f"{stack}.layers.{{i}}", f"{stack}.block.{{i}}.layer"
+        last = 2 if stack == "decoder" else 1
+        table.update({
+            f"{stack}.rel_bias.weight": one(f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+            f"{stack}.final_norm.weight": one(f"{stack}.final_layer_norm.weight"),
+            f"{ours}.qkv.weight": fused(*(f"{theirs}.0.SelfAttention.{x}.weight" for x in "qkv")),
+            f"{ours}.out.weight": one(f"{theirs}.0.SelfAttention.o.weight"),
+            f"{ours}.attn_norm.weight": one(f"{theirs}.0.layer_norm.weight"),
+            f"{ours}.mlp_norm.weight": one(f"{theirs}.{last}.layer_norm.weight"),
+            f"{ours}.mlp.fc1.weight": fused(*(f"{theirs}.{last}.DenseReluDense.{w}" for w in ff))
+            if config.gated_ffn else one(f"{theirs}.{last}.DenseReluDense.wi.weight"),
+            f"{ours}.mlp.fc2.weight": one(f"{theirs}.{last}.DenseReluDense.wo.weight"),
+        })
+    cross = "decoder.block.{i}.layer.1"
+    table.update({
+        "decoder.layers.{i}.cross_q.weight": one(f"{cross}.EncDecAttention.q.weight"),
+        "decoder.layers.{i}.cross_kv.weight": fused(f"{cross}.EncDecAttention.k.weight",
+                                                    f"{cross}.EncDecAttention.v.weight"),
+        "decoder.layers.{i}.cross_out.weight": one(f"{cross}.EncDecAttention.o.weight"),
+        "decoder.layers.{i}.cross_norm.weight": one(f"{cross}.layer_norm.weight"),
+    })
+    return table
+
+
+_T5_DEFAULTS = {"feed_forward_proj": "relu", "layer_norm_epsilon": 1e-6, "relative_attention_num_buckets": 32,
+                "relative_attention_max_distance": 128, "decoder_start_token_id": 0, "pad_token_id": 0,
+                "tie_word_embeddings": True, "d_kv": 64, "num_heads": 8}
+
 _DEFAULTS = {"activation_function": "gelu", "scale_embedding": False, "tie_word_embeddings": True,
              "pad_token_id": 1, "decoder_start_token_id": 2}
 SEQ2SEQ_FAMILIES = {
@@ -102,6 +159,9 @@ SEQ2SEQ_FAMILIES = {
         **_DEFAULTS, "max_position_embeddings": 1024}),
     "mbart": Family(_mbart, SEQ2SEQ_TENSORS, architecture="seq2seq", defaults={
         **_DEFAULTS, "max_position_embeddings": 1024}),
+    "t5": Family(_t5, _t5_tensors, prefix="", architecture="seq2seq", defaults=_T5_DEFAULTS),
+    "mt5": Family(_t5, _t5_tensors, prefix="", architecture="seq2seq", defaults={**_T5_DEFAULTS,
+                                                                                 "tie_word_embeddings": False}),
     "m2m_100": Family(_m2m100, SEQ2SEQ_TENSORS, architecture="seq2seq", defaults={
         **_DEFAULTS, "activation_function": "relu", "scale_embedding": True, "max_position_embeddings": 1024}),
 }

@@ -11,6 +11,7 @@ from quill.server.hosting import ModelHost
 from . import health_routes, playground_routes, structured_routes
 from .openai import chat, completions, tokenize
 from .tgi import routes as tgi
+from .libretranslate import routes as libretranslate
 from .errors import APIError, install_error_handlers, is_openai_path
 from .guards import RequestGuard
 from .metrics import Metrics
@@ -45,6 +46,7 @@ def create_app(host: ModelHost | None, config: ServerConfig, metrics: Metrics | 
     app.include_router(tgi.router)
     app.include_router(structured_routes.router)
     app.include_router(playground_routes.router)
+    app.include_router(libretranslate.router)
     if host is not None:
         attach_host(app, host)
     return app

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
+from urllib.parse import parse_qs
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -17,16 +19,34 @@ from .errors import error_body
 
 OPEN_PATHS = {"/health", "/ready", "/metrics"}  # reachable without a key: probes and scrapers
 PAGE_PREFIX = "/playground"
+# LibreTranslate's clients send the key as an `api_key` field of the form or the JSON body, not as a header (never
+# taken from the query string: access logs print it); its language list and page settings need none
+# (quill/server/api/libretranslate)
+KEY_AS_FIELD = {"/translate", "/detect"}
+OPEN_GETS = {"/languages", "/frontend/settings"}
 
 
 def is_open(method: str, path: str) -> bool:
     """Paths reachable without a key: the probes and the scrape, and GETs of the playground page and of
     the index pointing at it (static, and a browser cannot send a bearer token when it loads a page; the
     page sends the key with each API call)."""
-    if path in OPEN_PATHS:
+    if path in OPEN_PATHS or (path in OPEN_GETS and method in ("GET", "HEAD")):
         return True
     is_page = path in ("/", PAGE_PREFIX) or path.startswith(PAGE_PREFIX + "/")
     return is_page and method in ("GET", "HEAD")
+
+
+def field_key(body: bytes, content_type: bytes) -> str:
+    """The `api_key` a LibreTranslate client sent: a JSON body's field, or a form's."""
+    if content_type.startswith(b"application/json"):
+        try:
+            value = json.loads(body).get("api_key")
+        except (ValueError, AttributeError):
+            return ""
+        return value if isinstance(value, str) else ""
+    if not content_type.startswith(b"application/x-www-form-urlencoded"):
+        return ""
+    return parse_qs(body.decode("latin-1")).get("api_key", [""])[0]
 
 
 def key_matches(given: str, keys: list[str]) -> bool:
@@ -57,12 +77,15 @@ class RequestGuard:
             return await self.app(scope, receive, send)
         path = scope["path"]
         headers = dict(scope["headers"])
+        key_in_body = False  # a LibreTranslate request with no bearer token: its key is checked in its body
         if self.api_keys and not is_open(scope["method"], path):
             auth = headers.get(b"authorization", b"").decode("latin-1")
             scheme, _, token = auth.partition(" ")
             if scheme.lower() != "bearer" or not key_matches(token.strip(), self.api_keys):
-                return await self._reject(scope, send, 401, "missing or invalid API key",
-                                          {"WWW-Authenticate": "Bearer"})
+                if path not in KEY_AS_FIELD or scope["method"] != "POST":
+                    return await self._reject(scope, send, 401, "missing or invalid API key",
+                                              {"WWW-Authenticate": "Bearer"})
+                key_in_body = True
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return await self._reject(scope, send, 413, f"request body over the limit of {self.max_body_bytes} bytes")
@@ -83,6 +106,8 @@ class RequestGuard:
                 return await self._reject(scope, send, 413, f"request body over the limit of {self.max_body_bytes} bytes")
             if not message.get("more_body", False):
                 break
+        if key_in_body and not key_matches(field_key(bytes(body), headers.get(b"content-type", b"")), self.api_keys):
+            return await self._reject(scope, send, 401, "missing or invalid API key", {"WWW-Authenticate": "Bearer"})
         delivered = False
 
         async def replay() -> Message:

@@ -22,8 +22,9 @@ EOS = 2
 def _engine(directory, family: str, **cache) -> tuple[EngineCore, object]:
     reference = write_hf_model(directory, family)
     model = load_quill_model(directory)
+    eos = reference.config.eos_token_id
     loaded = LoadedModel(name=family, path=directory, architecture="seq2seq", model=model,
-                         tokenizer=Tokenizer(build_hf_tokenizer(VOCAB), EOS), eos_token_ids=[EOS],
+                         tokenizer=Tokenizer(build_hf_tokenizer(VOCAB), eos), eos_token_ids=[eos],
                          device=torch.device("cpu"), dtype=torch.float32)
     return EngineCore(loaded, EngineConfig(cache=CacheConfig(**cache))), reference
 
@@ -50,12 +51,13 @@ def _sources(count: int, seed: int = 3) -> list[list[int]]:
 def _generated(reference, source, start, **kwargs):
     out = reference.generate(torch.tensor([source]), do_sample=False, return_dict_in_generate=True,
                              output_scores=True, **kwargs)
-    pad = reference.config.pad_token_id
-    rows = [[t for t in row[1:].tolist() if t != pad] for row in out.sequences]
+    eos = reference.config.eos_token_id
+    rows = [row[1:].tolist() for row in out.sequences]
+    rows = [row[: row.index(eos) + 1] if eos in row else row for row in rows]  # shorter rows are padded after EOS
     return rows, (out.sequences_scores.tolist() if kwargs.get("num_beams", 1) > 1 else None)
 
 
-@pytest.mark.parametrize("family", ["marian", "m2m_100"])
+@pytest.mark.parametrize("family", ["marian", "m2m_100", "t5-gated"])
 def test_busy_batch_equals_transformers(tmp_path, family):
     engine, reference = _engine(tmp_path, family)
     start = reference.config.decoder_start_token_id
