@@ -192,6 +192,24 @@ def plan_state(model, cache, scheduler, max_model_len: int | None, spare: int, g
     return StateLayout(model, kinds, spare, max_model_len)
 
 
+def _merge_copies(ops: list[CacheOp]) -> list[CacheOp]:
+    """Consecutive K,V block copies joined where doing them at once reads what doing them in order reads: no copy
+    reads or rewrites a block an earlier one of the run wrote."""
+    merged: list[CacheOp] = []
+    written: set[int] = set()
+    for op in ops:
+        last = merged[-1] if merged else None
+        joins = (last is not None and op.part == last.part == "kv" and op.kind == last.kind == "copy"
+                 and written.isdisjoint(op.src) and written.isdisjoint(op.dst) and len(set(op.dst)) == len(op.dst))
+        if joins:
+            merged[-1] = CacheOp("copy", last.src + op.src, last.dst + op.dst, "kv")
+            written.update(op.dst)
+        else:
+            merged.append(op)
+            written = set(op.dst) if op.kind == "copy" and op.part == "kv" else set()
+    return merged
+
+
 class StateLayout:
     """The kinds of state one model holds, each in its columns of the runner's table (a slot first, then blocks),
     and one cache manager over them all. `spare` (0 or 1): a scratch block and slot past those the managers hand
@@ -223,8 +241,9 @@ class StateLayout:
         return self._tensors[kind.part]
 
     def apply(self, ops: list[CacheOp]) -> None:
-        """Carry out the managers' device work, in order."""
-        for op in ops:
+        """Carry out the managers' device work, in order; a run of block copies as one gather and scatter (a beam
+        search's step copies on write a block for each of its forks: one indexed copy each cost more than all)."""
+        for op in _merge_copies(ops):
             kind = self._by_part[op.part]
             kind.apply(self.tensors(kind), op)
 
