@@ -172,18 +172,24 @@ class EncoderLayer(nn.Module):
         self.mlp_norm = make_norm(config)
         self.mlp = FeedForward(config, config.encoder_ffn)
 
-    def attend(self, x: torch.Tensor, mask: torch.Tensor, ops: LayerOps) -> torch.Tensor:
-        """x (E, S, D) padded sources; mask (E, 1, 1, S): which keys are real (or, with T5's bias, (E, H, S, S)
-        added to the scores)."""
+    def attend(self, x: torch.Tensor, mask: torch.Tensor, real: torch.Tensor, shape: tuple[int, int],
+               ops: LayerOps) -> torch.Tensor:
+        """x (N, D) the sources' real tokens, packed; `real` (N,) where each sits in the padded (E, S) `shape`;
+        mask (E, 1, 1, S): which keys are real (or, with T5's bias, (E, H, S, S) added to the scores). Only the
+        attention itself runs padded: the linear layers see real tokens alone."""
         heads = self.config.n_heads
-        q, k, v = ops.linear(x, self.qkv.weight, self.qkv.bias).unflatten(-1, (3, heads, -1)).unbind(2)
+        qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)
+        padded = qkv.new_zeros(shape[0] * shape[1], qkv.shape[-1])
+        padded[real] = qkv
+        q, k, v = padded.view(*shape, 3, heads, -1).unbind(2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                              scale=self.config.scale)
-        return ops.linear(out.transpose(1, 2).flatten(-2), self.out.weight, self.out.bias)
+        return ops.linear(out.transpose(1, 2).flatten(0, 1).flatten(-2)[real], self.out.weight, self.out.bias)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, real: torch.Tensor, shape: tuple[int, int],
+                ops: LayerOps = TORCH_OPS) -> torch.Tensor:
         pre = self.config.pre_norm
-        x = _sublayer(x, self.attn_norm, lambda h: self.attend(h, mask, ops), pre)
+        x = _sublayer(x, self.attn_norm, lambda h: self.attend(h, mask, real, shape, ops), pre)
         return _sublayer(x, self.mlp_norm, lambda h: self.mlp(h, ops), pre)
 
 
@@ -253,32 +259,33 @@ class Seq2SeqTransformer(nn.Module):
         return EncoderDecoderState(kv, encoder)
 
     def run_encoder(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """tokens (E, S) right-padded sources, lengths (E,) -> the encoder's output (E, S, D)."""
+        """tokens (E, S) right-padded sources, lengths (E,) -> the encoder's output for their real tokens, packed
+        source after source (N, D)."""
         ops = self.layer_ops
         positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.encoder.embed(self.source_embed(tokens), positions)
-        mask = (positions[None, :] < lengths[:, None])[:, None, None, :]
+        valid = positions[None, :] < lengths[:, None]  # (E, S)
+        real = valid.flatten().nonzero().squeeze(1)
+        x = self.encoder.embed(self.source_embed(tokens), positions).flatten(0, 1)[real]
+        mask = valid[:, None, None, :]
         if self.encoder.rel_bias is not None:  # T5: the bias, and -inf on the padding keys
             bias = self.encoder.rel_bias(positions, positions)[None]  # (1, H, S, S)
             mask = bias.masked_fill(~mask, float("-inf")).to(x.dtype)
         for layer in self.encoder.layers:
-            x = layer(x, mask, ops)
+            x = layer(x, mask, real, tuple(tokens.shape), ops)
         return self.encoder.final_norm(x) if self.encoder.final_norm is not None else x
 
     @torch.inference_mode()
     def encode(self, sources: list[list[int]], tables: list[list[int]], state: EncoderDecoderState) -> None:
-        """Run the encoder over `sources` (many requests' token ids, packed in one padded pass) and write every
+        """Run the encoder over `sources` (many requests' token ids, in one pass) and write every
         decoder layer's cross-attention K,V of source i into its blocks `tables[i]` of the state's encoder cache."""
         cache = state.encoder
         device, size = cache.k.device, cache.block_size
         longest = max(len(s) for s in sources)
         tokens = to_device([s + [0] * (longest - len(s)) for s in sources], device, torch.long)
         lengths = to_device([len(s) for s in sources], device, torch.long)
-        out = self.run_encoder(tokens, lengths)
-        real = to_device([i * longest + t for i, s in enumerate(sources) for t in range(len(s))], device, torch.long)
+        memory = self.run_encoder(tokens, lengths)  # (real tokens, D)
         slots = to_device([table[t // size] * size + t % size for s, table in zip(sources, tables)
                            for t in range(len(s))], device, torch.long)
-        memory = out.flatten(0, 1)[real]  # (real tokens, D)
         heads = self.config.n_heads
         for i, layer in enumerate(self.decoder.layers):
             k, v = self.layer_ops.linear(memory, layer.cross_kv.weight, layer.cross_kv.bias).unflatten(
@@ -306,7 +313,4 @@ class Seq2SeqTransformer(nn.Module):
         if c.output_scale != 1.0:
             x = x * c.output_scale
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = ops.linear(x, weight, None)
-        if self.lm_bias is not None:
-            logits = logits + self.lm_bias[0]
-        return logits.float()
+        return ops.linear(x, weight, None if self.lm_bias is None else self.lm_bias[0]).float()  # bias in the GEMM

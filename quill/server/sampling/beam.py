@@ -35,28 +35,25 @@ def beam_candidates(logits: torch.Tensor, requests: list[BeamRequest],
     K is the largest num_candidates; request g uses its first num_candidates columns. `allowed`: beams under a
     grammar, as (rows, masks) over the requests' beams laid end to end, each beam masked by its own grammar.
     A request's K best continuations are among its beams' own K best each: every beam row is ranked on its own
-    first (one top-k over the vocabulary, no (beams, V) table of scores written), then each request's beams x K
-    candidates together. Scores are log-probabilities of the unmasked distribution, masks and bans applied after,
-    as transformers applies its processors after log-softmax.
+    first (one top-k over its log-probabilities), then each request's beams x K candidates together: no
+    (beams, V) table is copied or reordered. Scores are log-probabilities of the unmasked distribution, masks and
+    bans applied after, as transformers applies its processors after log-softmax.
     """
     vocab = logits.shape[-1]
     device = logits.device
     rows = [row for r in requests for row in r.rows]
     picked = logits if rows == list(range(logits.shape[0])) else logits.index_select(0, to_device(rows, device))
-    picked = picked.float()
-    # log_softmax's own arithmetic, (x - max) - log(sum(exp(x - max))), for the K best only
-    top = picked.max(dim=-1, keepdim=True).values
-    log_sum = torch.exp(picked - top).sum(dim=-1, keepdim=True).log()
+    picked = torch.log_softmax(picked.float(), dim=-1)  # as transformers ranks beams
     if allowed is not None:
         picked = apply_allowed_tokens(picked, *allowed)
     banned = [(i, t) for i, r in enumerate(r for r in requests for _ in r.rows) for t in r.banned]
     if banned:
         index = to_device(banned, device).T
-        picked = picked.index_put((index[0], index[1]), picked.new_full((), float("-inf")))
+        picked = picked.index_put_((index[0], index[1]), picked.new_full((), float("-inf")))
     k = min(max(r.num_candidates for r in requests), vocab)
     values, tokens = torch.topk(picked, k=k, dim=-1)  # (R, k)
     scores = to_device([s for r in requests for s in r.scores], device, torch.float32)
-    values = (values - top) - log_sum + scores[:, None]
+    values = values + scores[:, None]
     width = max(len(r.rows) for r in requests)
     # Row R is all -inf: the padding beams of requests with fewer than `width`.
     values = torch.cat([values, values.new_full((1, k), float("-inf"))])
