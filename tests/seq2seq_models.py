@@ -27,7 +27,8 @@ def hf_classes(family: str):
             "mbart": (t.MBartConfig, t.MBartForConditionalGeneration),
             "m2m_100": (t.M2M100Config, t.M2M100ForConditionalGeneration),
             "t5": (t.T5Config, t.T5ForConditionalGeneration), "t5-gated": (t.T5Config, t.T5ForConditionalGeneration),
-            "mt5": (t.MT5Config, t.MT5ForConditionalGeneration)}[family]
+            "mt5": (t.MT5Config, t.MT5ForConditionalGeneration),
+            "fsmt": (t.FSMTConfig, t.FSMTForConditionalGeneration)}[family]
 
 
 def _t5_shapes(family: str) -> dict:
@@ -47,12 +48,16 @@ def write_hf_model(directory: Path, family: str, vocab_size: int = VOCAB, seed: 
     torch.manual_seed(seed)
     if family in ("t5", "t5-gated", "mt5"):
         shapes = _t5_shapes(family)
+    elif family == "fsmt":  # a vocabulary for each side, the target's the larger
+        shapes = {**SHAPES, **IDS, "langs": ["en", "de"], "src_vocab_size": vocab_size - 20,
+                  "tgt_vocab_size": vocab_size}
     else:
         shapes = {**SHAPES, **IDS, "decoder_start_token_id": START.get(family, 2)}
-    model = model_cls(config_cls(vocab_size=vocab_size, **{**shapes, **config})).eval()
+    sizes = {} if family == "fsmt" else {"vocab_size": vocab_size}
+    model = model_cls(config_cls(**sizes, **{**shapes, **config})).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "embed_positions" in name and family in ("marian", "m2m_100"):
+            if "embed_positions" in name and family in ("marian", "m2m_100", "fsmt"):
                 continue  # sinusoids, as the family computes them
             if "norm" in name:
                 p.add_(torch.randn_like(p) * 0.2)

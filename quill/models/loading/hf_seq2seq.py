@@ -1,4 +1,4 @@
-"""The Hugging Face encoder-decoder families (Marian, BART, mBART, M2M100/NLLB, T5/mT5): how each config.json maps onto `Seq2SeqConfig`, and the table of
+"""The Hugging Face encoder-decoder families (Marian, BART, mBART, M2M100/NLLB, FSMT, T5/mT5): how each config.json maps onto `Seq2SeqConfig`, and the table of
 checkpoint tensors each of our parameters is made of (q, k, v fused into one matmul; the cross-attention's k, v
 into another, run once per request on the encoder's output).
 
@@ -59,6 +59,14 @@ def _m2m100(raw: dict) -> Seq2SeqConfig:
                    final_norm=True)
 
 
+def _fsmt(raw: dict) -> Seq2SeqConfig:
+    """fairseq's WMT19 Transformers as transformers ports them: post-norm, fairseq's sinusoids, a vocabulary for
+    each side, the output layer its own tensor."""
+    raw = {**raw, "vocab_size": raw["tgt_vocab_size"]}
+    return _common(raw, positional="sinusoidal_fairseq", position_offset=raw["pad_token_id"] + 1,
+                   source_vocab_size=raw["src_vocab_size"])
+
+
 def _attention(ours: str, theirs: str) -> dict:
     return {f"{ours}.qkv.{{w}}": fused(*(f"{theirs}.{x}_proj.{{w}}" for x in "qkv")),
             f"{ours}.out.{{w}}": one(f"{theirs}.out_proj.{{w}}")}
@@ -69,7 +77,7 @@ _DEC_OURS, _DEC_THEIRS = "decoder.layers.{i}", "{p}decoder.layers.{i}"
 SEQ2SEQ_TENSORS = {
     "embed.weight": one("{p}shared.weight|{p}decoder.embed_tokens.weight"),
     "src_embed.weight": one("{p}encoder.embed_tokens.weight"),
-    "lm_head.weight": one("lm_head.weight"),
+    "lm_head.weight": one("lm_head.weight|{p}decoder.output_projection.weight"),
     "lm_bias": one("final_logits_bias"),
     **{f"{stack}.{ours}.{{w}}": one(f"{{p}}{stack}.{theirs}.{{w}}") for stack in ("encoder", "decoder")
        for ours, theirs in (("pos_embed", "embed_positions"), ("embed_norm", "layernorm_embedding"),
@@ -159,6 +167,9 @@ SEQ2SEQ_FAMILIES = {
         **_DEFAULTS, "max_position_embeddings": 1024}),
     "mbart": Family(_mbart, SEQ2SEQ_TENSORS, architecture="seq2seq", defaults={
         **_DEFAULTS, "max_position_embeddings": 1024}),
+    "fsmt": Family(_fsmt, SEQ2SEQ_TENSORS, architecture="seq2seq", defaults={
+        **_DEFAULTS, "activation_function": "relu", "scale_embedding": True, "tie_word_embeddings": False,
+        "max_position_embeddings": 1024}),
     "t5": Family(_t5, _t5_tensors, prefix="", architecture="seq2seq", defaults=_T5_DEFAULTS),
     "mt5": Family(_t5, _t5_tensors, prefix="", architecture="seq2seq", defaults={**_T5_DEFAULTS,
                                                                                  "tie_word_embeddings": False}),
