@@ -1,9 +1,10 @@
 """Tiny encoder-decoder (translation) tokenizers, written as the hub ships them, offline and in well under a second.
 
-Each writer trains SentencePiece (or a byte-level BPE, for BART) on a few hundred generated lines, then lets the
-family's own transformers tokenizer class save the files, so the directory holds what that class writes:
-Marian's source.spm/target.spm/vocab.json, M2M100's sentencepiece.bpe.model/vocab.json, NLLB's and mBART-50's
-tokenizer.json beside their sentencepiece.bpe.model, T5's tokenizer.json beside spiece.model. Vocabularies stay at
+Each writer trains SentencePiece (or a byte-level BPE, for BART; a fairseq BPE, for FSMT) on a few hundred generated
+lines, then lets the family's own transformers tokenizer class save the files, so the directory holds what that
+class writes: Marian's source.spm/target.spm/vocab.json, M2M100's sentencepiece.bpe.model/vocab.json, NLLB's and
+mBART-50's tokenizer.json beside their sentencepiece.bpe.model, T5's tokenizer.json beside spiece.model, FSMT's
+vocab-src.json/vocab-tgt.json/merges.txt. Vocabularies stay at
 a few hundred tokens so that the models built on them stay tiny. Each writer returns what a model config needs.
 
 transformers is imported inside the writers: it is a test dependency, and importing it costs a second.
@@ -234,3 +235,58 @@ def write_bart_tokenizer(directory: Path) -> dict:
     tokenizer.save_pretrained(str(directory))
     config = _model_config(tokenizer, "</s>")
     return {**config, "bos_token_id": tokenizer.bos_token_id, "forced_bos_token_id": tokenizer.bos_token_id}
+
+
+# Lines with what Moses' rules act on: quotes, apostrophes, brackets, dashes, currency, entities, numbers.
+FSMT_EXTRA = {
+    "en": ['He said "hello" to me.', "It's John's book (the old one), isn't it?",
+           "A well-known 10-year-old pays $5.50 - 20% off!", "Tom & Jerry <b>bold</b> [x] {y} | z < 3 > 2",
+           "Don't, won't, can't; I'm here: 1,000,000 and 3.14.", "'single quotes' and `backticks` ...",
+           "e-mail me@example.com #tag ~tilde ^ * = +", "The Jones' house."],
+    "de": ["Er sagte „hallo“ zu mir.", "Das ist Johns Buch (das alte), nicht wahr?",
+           "Ein 10-jähriges Kind zahlt 5,50 € - 20 % Rabatt!", "Tom & Jerry <b>fett</b> [x] {y} | z < 3 > 2",
+           "Ich bin's, gibt's das? 1.000.000 und 3,14.", "'einfache' und \"doppelte\" Anführungszeichen ...",
+           "E-Mail an mich@beispiel.de #tag ~ ^ * = +"],
+}
+
+
+def write_fsmt_tokenizer(directory: Path, langs: tuple[str, str] = ("en", "de")) -> dict:
+    """FSMT (fairseq's WMT19): one BPE (merges.txt, "</w>" ending a word) learned on both languages' Moses-tokenized
+    lines, and a fairseq dictionary per side ("<s>" 0, "<pad>" 1, "</s>" 2, "<unk>" 3, then the tokens that side's
+    lines use, most frequent first), so some merges make tokens a side lacks, as in the real checkpoints."""
+    from collections import Counter
+
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import FSMTTokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    words = {"en": ENGLISH, "fr": FRENCH, "de": GERMAN}
+    tokenized = {}
+    for seed, lang in enumerate(langs, 12):
+        normalizer, moses = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+        # the extra lines repeated, so that Moses' XML entities (&quot; &apos; &amp; &lt; &gt;) are whole tokens,
+        # as in the real vocabularies
+        lines = corpus(words.get(lang, ENGLISH), seed=seed) + FSMT_EXTRA.get(lang, []) * 8
+        tokenized[lang] = [moses.tokenize(normalizer.normalize(line), aggressive_dash_splits=True, escape=True)
+                           for line in lines]
+    bpe = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
+    bpe.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    trainer = trainers.BpeTrainer(vocab_size=420, end_of_word_suffix="</w>", show_progress=False)
+    bpe.train_from_iterator([" ".join(line) for lang in langs for line in tokenized[lang]], trainer)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in json.loads(bpe.to_str())["model"]["merges"]]
+    (directory / "merges.txt").write_text("".join(f"{m}\n" for m in merges), encoding="utf-8")
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    for lang, name in zip(langs, ("vocab-src.json", "vocab-tgt.json")):
+        counts = Counter(t.value for line in tokenized[lang] for word in line for t in bpe.model.tokenize(word))
+        tokens = specials + sorted(counts, key=lambda t: (-counts[t], t))
+        (directory / name).write_text(json.dumps({t: i for i, t in enumerate(tokens)}, ensure_ascii=False))
+    tokenizer = FSMTTokenizer(langs=list(langs), src_vocab_file=str(directory / "vocab-src.json"),
+                              tgt_vocab_file=str(directory / "vocab-tgt.json"),
+                              merges_file=str(directory / "merges.txt"))
+    tokenizer.save_pretrained(str(directory))
+    assert FSMTTokenizer.from_pretrained(str(directory)).tgt_lang == langs[1]
+    eos = tokenizer.sep_token_id
+    return {"src_vocab_size": tokenizer.src_vocab_size, "tgt_vocab_size": tokenizer.tgt_vocab_size,
+            "pad_token_id": tokenizer.pad_token_id, "eos_token_id": eos, "decoder_start_token_id": eos}

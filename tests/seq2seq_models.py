@@ -49,8 +49,8 @@ def write_hf_model(directory: Path, family: str, vocab_size: int = VOCAB, seed: 
     if family in ("t5", "t5-gated", "mt5"):
         shapes = _t5_shapes(family)
     elif family == "fsmt":  # a vocabulary for each side, the target's the larger
-        shapes = {**SHAPES, **IDS, "langs": ["en", "de"], "src_vocab_size": vocab_size - 20,
-                  "tgt_vocab_size": vocab_size}
+        shapes = {**SHAPES, **IDS, "langs": ["en", "de"], "tgt_vocab_size": vocab_size,
+                  "src_vocab_size": config.pop("src_vocab_size", vocab_size - 20)}
     else:
         shapes = {**SHAPES, **IDS, "decoder_start_token_id": START.get(family, 2)}
     sizes = {} if family == "fsmt" else {"vocab_size": vocab_size}
@@ -87,8 +87,10 @@ def write_checkpoint(directory: Path, family: str, **tokenizer_options):
     model over its vocabulary with its special ids. Returns (the transformers model, the tokenizer's facts)."""
     from tests import seq2seq_fixtures
 
-    writer = {"marian": seq2seq_fixtures.write_marian_tokenizer,
-              "m2m_100": seq2seq_fixtures.write_m2m100_tokenizer}[family]
+    writer = {"marian": seq2seq_fixtures.write_marian_tokenizer, "m2m_100": seq2seq_fixtures.write_m2m100_tokenizer,
+              "fsmt": seq2seq_fixtures.write_fsmt_tokenizer}[family]
     info = writer(directory, **tokenizer_options)
     ids = {k: info[k] for k in ("pad_token_id", "eos_token_id", "decoder_start_token_id") if k in info}
-    return write_hf_model(directory, family, vocab_size=info["vocab_size"], **ids), info
+    if family == "fsmt":  # a vocabulary for each side
+        ids["src_vocab_size"] = info["src_vocab_size"]
+    return write_hf_model(directory, family, vocab_size=info.get("vocab_size", info.get("tgt_vocab_size")), **ids), info

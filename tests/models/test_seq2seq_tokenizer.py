@@ -17,12 +17,13 @@ import pytest
 from quill.models.loading.errors import CheckpointError
 from quill.models.text.seq2seq_tokenizer import Seq2SeqTokenizer, load_seq2seq_tokenizer
 from quill.models.text.tokenizer import IncrementalDecoder
-from tests.seq2seq_fixtures import (FRENCH, GERMAN, corpus, write_bart_tokenizer, write_m2m100_tokenizer,
-                                    write_marian_tokenizer, write_mbart50_tokenizer, write_mbart_tokenizer,
-                                    write_nllb_tokenizer, write_t5_tokenizer)
+from tests.seq2seq_fixtures import (FRENCH, GERMAN, corpus, write_bart_tokenizer, write_fsmt_tokenizer,
+                                    write_m2m100_tokenizer, write_marian_tokenizer, write_mbart50_tokenizer,
+                                    write_mbart_tokenizer, write_nllb_tokenizer, write_t5_tokenizer)
 
 pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
+pytest.importorskip("sacremoses")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")  # MarianTokenizer's
 
 TEXTS = [
@@ -61,7 +62,7 @@ class Family:
 
         key = (source_lang, target_lang)
         if key not in self.references:
-            kwargs = {} if self.config["model_type"] == "marian" or source_lang is None else dict(
+            kwargs = {} if self.config["model_type"] in ("marian", "fsmt") or source_lang is None else dict(
                 src_lang=source_lang, tgt_lang=target_lang)
             self.references[key] = AutoTokenizer.from_pretrained(str(self.directory), **kwargs)
         return self.references[key]
@@ -70,6 +71,20 @@ class Family:
         if self.config["model_type"] == "marian" and target_lang is not None:
             text = f">>{target_lang}<< {text}"  # how transformers' users pick a Marian target
         return self.reference(source_lang, target_lang)(text)["input_ids"]
+
+    def target_ids(self, text):
+        """The ids of a target-language text as transformers encodes it. FSMTTokenizer's text_target goes through
+        the source side (its rules and vocabulary): a tokenizer of the reversed pair does the target's."""
+        if self.config["model_type"] != "fsmt":
+            return self.reference(*self.pairs[0])(text_target=text)["input_ids"]
+        if "reversed" not in self.references:
+            from transformers import FSMTTokenizer
+
+            d = self.directory
+            self.references["reversed"] = FSMTTokenizer(
+                langs=list(reversed(self.pairs[0])), src_vocab_file=str(d / "vocab-tgt.json"),
+                tgt_vocab_file=str(d / "vocab-src.json"), merges_file=str(d / "merges.txt"))
+        return self.references["reversed"](text)["input_ids"]
 
     def diverging_ids(self) -> set[int]:
         """Ids whose decoding transformers 5 gets wrong, so Quill differs on purpose (see the tests below)."""
@@ -93,7 +108,12 @@ FAMILIES = {
     "mbart": (write_mbart_tokenizer, "mbart", [("en_XX", "fr_XX"), ("de_DE", "en_XX")]),
     "t5": (write_t5_tokenizer, "t5", [(None, None)]),
     "bart": (write_bart_tokenizer, "bart", [(None, None)]),
+    "fsmt": (lambda d: _with_vocab_size(write_fsmt_tokenizer(d)), "fsmt", [("en", "de"), (None, None)]),
 }
+
+
+def _with_vocab_size(info: dict) -> dict:
+    return {**info, "vocab_size": info["tgt_vocab_size"]}  # FSMT's model config has one per side
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +151,8 @@ def _decode_pairs(family, rng):
     usable = [i for i in range(family.info["vocab_size"]) if i not in diverging]
     for _ in range(300):
         yield [rng.choice(usable) for _ in range(rng.randint(0, 16))]
-    source_lang, target_lang = family.pairs[0]
-    ref = family.reference(source_lang, target_lang)
     for text in TARGET_TEXTS:
-        yield [i for i in ref(text_target=text)["input_ids"] if i not in diverging]
+        yield [i for i in family.target_ids(text) if i not in diverging]
 
 
 def test_target_decoding_is_transformers_decoding(family):
@@ -149,6 +167,8 @@ def test_incremental_decoding_adds_up_to_the_whole(family):
     prompt = [family.info["decoder_start_token_id"]] + family.quill.target_prefix(target_lang)
     ref = family.reference(source_lang, target_lang)
     for ids in _decode_pairs(family, random.Random(1)):
+        if family.name == "fsmt" and not _moses_window_safe(family.quill.target, ids):
+            continue  # see test_fsmt_incremental_decoding_where_moses_needs_more_than_the_window
         decoder = IncrementalDecoder(family.quill.target, prompt)
         text = "".join(decoder.push(i) for i in ids) + decoder.flush()
         assert text == family.quill.target.decode_continuation(prompt, ids) == ref.decode(ids, skip_special_tokens=True)
@@ -191,6 +211,13 @@ def test_a_marian_target_language_starts_the_source(families):
 def test_an_unknown_language_is_refused_naming_the_known_ones(family):
     quill = family.quill
     source_lang, target_lang = family.pairs[0]
+    if family.name == "fsmt":  # one pair, unmarked: its own codes are taken, no others
+        with pytest.raises(ValueError, match="target language 'fr': this checkpoint translates en into de only"):
+            quill.target_prefix("fr")
+        with pytest.raises(ValueError, match="source language 'de': .* en into de only"):
+            quill.source_ids("x", "de", "en")
+        assert quill.target_prefix("de") == quill.target_prefix(None) == []
+        return
     if not quill.languages:
         with pytest.raises(ValueError, match="takes no language codes"):
             quill.target_prefix("fr")
@@ -253,6 +280,7 @@ def _copy_without(directory: Path, tmp_path: Path, *names: str) -> Path:
     ("t5", "spiece.model", ("tokenizer.json",)), ("mbart50", "sentencepiece.bpe.model", ("tokenizer.json",)),
     ("nllb", "sentencepiece.bpe.model", ("tokenizer.json",)),
     ("bart", "tokenizer.json", ("merges.txt",)),
+    ("fsmt", "merges.txt", ()), ("fsmt", "vocab-src.json", ()), ("fsmt", "vocab-tgt.json", ()),
 ])
 def test_a_directory_lacking_a_file_its_tokenizer_needs_names_it(families, tmp_path, name, missing, also_missing):
     family = families(name)
@@ -289,3 +317,138 @@ def test_quill_reads_them_without_transformers():
     code = ("import sys, quill.models.text.seq2seq_tokenizer; "
             "assert 'transformers' not in sys.modules, 'transformers was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+# FSMT: Moses' rules before and after fairseq's BPE (quill/models/text/fsmt_tokenizer.py)
+FSMT_TEXTS = [
+    'He said "hello" to me.', "It's John's book, isn't it?", "the Jones' house and 'single' quotes",
+    "a well-known 10-year-old -- or not — maybe – so", "$5.50 costs 20% less: €3,14 or £2", "3.14 and 1,000,000.5",
+    "Fenêtre, garçon, Straße, naïve café", "« guillemets » „deutsch“ ‚einfach‘", "ＦＵＬＬ：ｗｉｄｔｈ！？（１２３）",
+    "。日本語、句読点。　全角", "漢字 and 🙂 emoji ☃", "control\x00char\x07bell\u200bzero-width\ufeffbom",
+    "tab\tnew\nline\r\nend", "non\u00a0breaking\u2009thin\u202fspaces", "e-mail me@example.com http://a.b/c?d=e&f",
+    "<b>html</b> &amp; [x] {y} | z", "</s> in the middle <unk> and <s><pad>", "U.S.A. e.g. Mr. Smith",
+    "don't won't can't I'm you're we've", "wir sehen dich morgen früh!", "… ellipsis … and ...", "'''", '""',
+    "``quoted''", "a—b–c‐d", "100 % sure, 5 km/h", "x", "", "  ", "ALL CAPS Title Case lower",
+]
+
+
+def test_fsmt_source_ids_for_moses_punctuation_quotes_and_unknown_characters(families):
+    family = families("fsmt")
+    ref = family.reference()
+    for text in FSMT_TEXTS:
+        assert family.quill.source_ids(text, "en", "de") == ref(text)["input_ids"], text
+
+
+@pytest.mark.parametrize("langs, lower", [(("de", "en"), False), (("en", "de"), True)])
+def test_fsmt_other_languages_and_lower_case(tmp_path, langs, lower):
+    """Moses' rules follow the pair (German's, not English's, on the source); do_lower_case lowercases the source
+    before them."""
+    from transformers import FSMTTokenizer
+
+    write_fsmt_tokenizer(tmp_path, langs)
+    if lower:
+        config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": True}))
+    quill, ref = load_seq2seq_tokenizer(tmp_path, {"model_type": "fsmt"}), FSMTTokenizer.from_pretrained(tmp_path)
+    for text in FSMT_TEXTS + TEXTS:
+        assert quill.source_ids(text, *langs) == ref(text)["input_ids"], text
+    rng = random.Random(3)
+    for _ in range(100):
+        ids = [rng.randrange(quill.target.vocab_size) for _ in range(rng.randint(0, 12))]
+        assert quill.target.decode(ids) == ref.decode(ids, skip_special_tokens=True), ids
+
+
+def test_fsmt_bpe_is_fsmt_tokenizers_bpe(families):
+    """The merges applied by rank, "</w>" on the last symbol, on words in and out of the training text (characters
+    the merges never saw, merges whose result a side's vocabulary lacks)."""
+    from quill.models.text.fsmt_tokenizer import FairseqBPE, read_merges
+
+    family = families("fsmt")
+    ours, ref = FairseqBPE(read_merges(family.directory / "merges.txt")), family.reference()
+    rng = random.Random(4)
+    alphabet = list("abcdefghijklmnopqrstuvwxyzäöüßéABCDEÜ0123456789&;.,'@-#漢")
+    words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 14))) for _ in range(2000)]
+    words += [w for line in corpus(GERMAN + FRENCH, lines=50, seed=12) for w in line.split()]
+    for word in words:
+        assert " ".join(ours.split(word)) == ref.bpe(word), word
+
+
+def test_fsmt_target_encodes_as_the_reversed_pair(families):
+    """Stop strings are encoded on the target side: German Moses rules and vocab-tgt.json, no </s>."""
+    family = families("fsmt")
+    for text in TARGET_TEXTS + FSMT_TEXTS:
+        assert family.quill.target.encode(text) == family.target_ids(text)[:-1], text
+
+
+def test_fsmt_checks_its_language_pair_from_tokenizer_config(families, tmp_path):
+    quill = families("fsmt").quill
+    assert quill.languages == [] and quill.pair == ("en", "de")
+    assert quill.source_ids("la maison", "en", "de") == quill.source_ids("la maison")
+    with pytest.raises(ValueError, match="target language 'fr'.*translates en into de only"):
+        quill.source_ids("x", "en", "fr")
+    copy = _copy_without(families("fsmt").directory, tmp_path)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    (copy / "tokenizer_config.json").write_text(json.dumps({**config, "langs": ["en"]}))
+    with pytest.raises(CheckpointError, match="langs"):
+        load_seq2seq_tokenizer(copy, {"model_type": "fsmt"})
+
+
+_QUOTES = set("'\"`„“”")
+
+
+def _moses_window_safe(target, ids) -> bool:
+    """Whether each Moses rule IncrementalDecoder's few-token windows meet reads the same there as in the whole
+    text: no quotes (opening or closing is counted from the start), every word of several BPE pieces letters and
+    digits only (a piece alone is read as a word of its own: "," as punctuation, "€" as currency), and "@-@" only
+    between words of letters and digits (it joins its neighbours into one word)."""
+    words, pieces = [], []
+    for i in ids:
+        token = target.id_to_token(i)
+        if token in ("<s>", "<pad>", "</s>", "<unk>"):
+            continue
+        pieces.append(token.removesuffix("</w>"))
+        if token.endswith("</w>"):
+            words.append("".join(pieces) if len(pieces) == 1 else pieces)
+            pieces = []
+    words += [pieces] if pieces else []
+    texts = [w if isinstance(w, str) else "".join(w) for w in words]
+    for i, (word, text) in enumerate(zip(words, texts)):
+        if _QUOTES & set(text.replace("&quot;", '"').replace("&apos;", "'")):
+            return False
+        if not isinstance(word, str) and not text.isalnum():
+            return False
+        if text == "@-@" and not all(t.isalnum() for t in texts[max(i - 1, 0) : i] + texts[i + 1 : i + 2]):
+            return False
+    return True
+
+
+def _fsmt_case(target, *tokens):
+    return [target.token_to_id(t) for t in tokens]
+
+
+# (tokens, what decoding them whole gives, what IncrementalDecoder's deltas add up to)
+FSMT_WINDOW_CASES = {
+    "closing quote": (("das</w>", "&quot;</w>", "brot</w>", "&quot;</w>", "heute</w>"), 'das "brot" heute',
+                      'das "brot "heute'),
+    "currency ending a word": (("W", "€</w>", "heute</w>"), "W€ heute", "W€heute"),
+    "bracket ending a word": (("W", "(</w>", "heute</w>"), "W( heute", "W(heute"),
+    "punctuation starting a word": (("heute</w>", ",", "20</w>"), "heute ,20", "heute,20"),
+    "@-@ after punctuation": (("heute</w>", "?</w>", "@-@</w>", "brot</w>"), "heute ?-brot", "heute?-brot"),
+}
+
+
+@pytest.mark.parametrize("case", list(FSMT_WINDOW_CASES))
+def test_fsmt_incremental_decoding_where_moses_needs_more_than_the_window(families, case):
+    """Where Moses reads more than IncrementalDecoder's window (the previous delta's first token onwards), the deltas
+    space the text differently from decoding it whole, as the cases say; at EOS the engine decodes the sequence
+    whole (decode_continuation), which is exact."""
+    family = families("fsmt")
+    tokens, whole, incremental = FSMT_WINDOW_CASES[case]
+    target, ref = family.quill.target, family.reference()
+    ids = _fsmt_case(target, *tokens)
+    assert None not in ids, [t for t, i in zip(tokens, ids) if i is None]
+    assert not _moses_window_safe(target, ids)
+    assert target.decode(ids) == target.decode_continuation([2], ids) == ref.decode(ids, skip_special_tokens=True)
+    assert target.decode(ids) == whole
+    decoder = IncrementalDecoder(target, [family.info["decoder_start_token_id"]])
+    assert "".join(decoder.push(i) for i in ids) + decoder.flush() == incremental

@@ -203,7 +203,7 @@ class DecoderLayer(nn.Module):
         self.out = nn.Linear(inner, d, bias=bias)
         self.cross_norm = make_norm(config)
         self.cross_q = nn.Linear(d, inner, bias=bias)
-        self.cross_kv = nn.Linear(d, 2 * inner, bias=bias)  # applied to the encoder's output once per request (`encode`)
+        self.cross_kv = nn.Linear(d, 2 * inner, bias=bias)  # on the encoder's output, once per request (`encode`)
         self.cross_out = nn.Linear(inner, d, bias=bias)
         self.mlp_norm = make_norm(config)
         self.mlp = FeedForward(config, config.decoder_ffn)

@@ -1,6 +1,6 @@
-"""The Hugging Face encoder-decoder families (Marian, BART, mBART, M2M100/NLLB, FSMT, T5/mT5): how each config.json maps onto `Seq2SeqConfig`, and the table of
-checkpoint tensors each of our parameters is made of (q, k, v fused into one matmul; the cross-attention's k, v
-into another, run once per request on the encoder's output).
+"""The Hugging Face encoder-decoder families (Marian, BART, mBART, M2M100/NLLB, FSMT, T5/mT5): how each config.json
+maps onto `Seq2SeqConfig`, and the table of checkpoint tensors each of our parameters is made of (q, k, v fused into
+one matmul; the cross-attention's k, v into another, run once per request on the encoder's output).
 
 A name "a|b" in the table is the first of a and b the checkpoint holds: tied embeddings are saved once, under
 whichever name the saving version of transformers picked.

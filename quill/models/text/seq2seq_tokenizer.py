@@ -10,6 +10,7 @@ Families and where their language goes:
 - NLLB-200 (model_type m2m_100, NllbTokenizer), mBART-50, mBART: tokenizer.json, language tokens such as
   "fra_Latn" or "fr_XX"; NLLB and mBART-50 put the source language first, mBART (and legacy NLLB) last.
 - BART: <s> text </s>; T5: text </s>; no language tokens.
+- FSMT (fairseq's WMT19): Moses rules and BPE (fsmt_tokenizer.py), text </s>; one language pair, unmarked.
 Marian and M2M100 are SentencePiece-only in transformers (no tokenizer.json on the hub); the others use
 tokenizer.json, or their SentencePiece model when a checkpoint lacks it.
 """
@@ -108,6 +109,21 @@ class Seq2SeqTokenizer:
             return [self._check(target_lang, "target", required=True)]
         self._check(target_lang, "target", required=False)
         return []
+
+
+class PairTokenizer(Seq2SeqTokenizer):
+    """A checkpoint of one language pair that no token marks (FSMT: tokenizer_config.json's `langs`): text </s>.
+    `languages` stays []; a caller may name the pair's own languages, and no others."""
+
+    def __init__(self, pair: tuple[str, str], encode: Callable[[str], list[int]], target: Tokenizer, eos_id: int):
+        super().__init__("pair", encode, target, {}, eos_id)
+        self.pair = pair
+
+    def _check(self, lang: str | None, role: str, required: bool) -> None:
+        if lang is not None and lang != self.pair[role == "target"]:
+            raise ValueError(f"{role} language {lang!r}: this checkpoint translates {self.pair[0]} into "
+                             f"{self.pair[1]} only")
+        return None
 
 
 def _json(path: Path) -> dict:
@@ -292,5 +308,10 @@ def load_seq2seq_tokenizer(directory: Path, config: dict) -> Seq2SeqTokenizer:
         return _load_tokenizers_family(directory, "bart", tok_config, special, "bart")
     if model_type in ("t5", "mt5", "umt5"):
         return _load_tokenizers_family(directory, "t5", tok_config, special, "t5")
+    if model_type == "fsmt":  # imported here: sacremoses takes half a second to import
+        from .fsmt_tokenizer import load_fsmt
+
+        pair, source, target, eos_id = load_fsmt(directory, tok_config, special)
+        return PairTokenizer(pair, source.encode, target, eos_id)
     raise CheckpointError(directory / "config.json", f"model_type {model_type!r} is not an encoder-decoder family "
-                          "whose tokenizer Quill reads (marian, m2m_100, mbart, bart, t5, mt5)")
+                          "whose tokenizer Quill reads (marian, m2m_100, mbart, bart, t5, mt5, fsmt)")

@@ -25,10 +25,11 @@ def served(tiny_checkpoints, tmp_path_factory):
     root = tmp_path_factory.mktemp("seq2seq")
     marian, _ = write_checkpoint(root / "marian", "marian", languages=["fra", "deu"])
     m2m, m2m_info = write_checkpoint(root / "m2m", "m2m_100", languages=("en", "fr", "de"))
+    fsmt, _ = write_checkpoint(root / "fsmt", "fsmt")
     models = {"tiny-transformer": tiny_checkpoints["tiny-transformer"], "marian": str(root / "marian"),
-              "m2m": str(root / "m2m")}
+              "m2m": str(root / "m2m"), "fsmt": str(root / "fsmt")}
     with LiveServer(models) as server:
-        yield server, {"marian": marian, "m2m": m2m}, m2m_info
+        yield server, {"marian": marian, "m2m": m2m, "fsmt": fsmt}, m2m_info
 
 
 def _reference(model, source_ids, forced=None, **kwargs):
@@ -85,6 +86,23 @@ def test_beam_search_n_best(served):
                           length_penalty=0.8, no_repeat_ngram_size=2)
     tokenizer = load_tokenizer(server, "marian")
     assert [c.text for c in got.choices] == [tokenizer.decode(e, skip_special_tokens=True) for e in expected]
+
+
+def test_fsmt_moses_and_bpe_end_to_end(served):
+    """FSMT: Moses tokenization and BPE in, BPE joined and Moses detokenization out, as transformers' tokenizer."""
+    server, references, _ = served
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    text = "Hello, world: the cat's mat."
+    ids = _source_ids(server, "fsmt", text)
+    got = client.completions.create(model="fsmt", prompt=text, max_tokens=8, temperature=0, n=2, best_of=3,
+                                    extra_body={"use_beam_search": True, "source_lang": "en", "target_lang": "de"})
+    expected = _reference(references["fsmt"], ids, max_new_tokens=8, num_beams=3, num_return_sequences=2,
+                          forced_eos_token_id=None)
+    tokenizer = load_tokenizer(server, "fsmt")
+    assert [c.text for c in got.choices] == [tokenizer.decode(e, skip_special_tokens=True) for e in expected]
+    wrong = httpx.post(f"{server.url}/v1/completions", timeout=30,
+                       json={"model": "fsmt", "prompt": text, "target_lang": "fr", "max_tokens": 3})
+    assert wrong.status_code == 400 and "en into de" in wrong.json()["error"]["message"]
 
 
 def test_tgi_inputs_are_the_source(served):

@@ -112,7 +112,9 @@ def _describe(loaded, generation_mode: str) -> Translator:
     if seq2seq.style in LANGUAGE_STYLES:
         return Translator(codes, codes, True, True, True, True, decoding, max_new)
     # Marian (its multilingual targets by token), BART, T5: the source is not marked; a pair may be declared
-    source, target = _declared(tok_config.get("source_lang")), _declared(tok_config.get("target_lang"))
+    pair = getattr(seq2seq, "pair", None)  # FSMT names its one pair in its tokenizer (`langs`)
+    declared = pair or (tok_config.get("source_lang"), tok_config.get("target_lang"))
+    source, target = _declared(declared[0]), _declared(declared[1])
     targets = codes if codes else (target,) if target else None
     return Translator((source,) if source else None, targets, False, False, bool(codes), seq2seq.style == "marian",
                       decoding, max_new)
