@@ -56,15 +56,11 @@ class SlotState:
             t[_index(dst, t.device)] = t[_index(src, t.device)]
 
 
-class PagedKVCache:
-    """Keys and values of every layer, (n_layers, num_blocks, block_size, n_kv_heads, head_dim)."""
+class BlockTensors:
+    """Keys and values of every layer in fixed-size blocks, (n_layers, num_blocks, block_size, heads, head_dim)."""
 
-    kind = "paged_kv"
-
-    def __init__(self, n_layers, num_blocks, block_size, n_kv_heads, head_dim, dtype, device,
-                 attention: type[PagedAttentionBackend] = SdpaPagedAttention):
-        self.attention = attention  # how a step writes and reads these blocks (chosen for the device)
-        shape = (n_layers, num_blocks, block_size, n_kv_heads, head_dim)
+    def __init__(self, n_layers, num_blocks, block_size, heads, head_dim, dtype, device):
+        shape = (n_layers, num_blocks, block_size, heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks = num_blocks
@@ -73,6 +69,17 @@ class PagedKVCache:
     @property
     def bytes_per_block(self) -> int:
         return 2 * self.k[:, 0].numel() * self.k.element_size()
+
+
+class PagedKVCache(BlockTensors):
+    """A Transformer's keys and values, each sequence's in the blocks its table lists."""
+
+    kind = "paged_kv"
+
+    def __init__(self, n_layers, num_blocks, block_size, n_kv_heads, head_dim, dtype, device,
+                 attention: type[PagedAttentionBackend] = SdpaPagedAttention):
+        super().__init__(n_layers, num_blocks, block_size, n_kv_heads, head_dim, dtype, device)
+        self.attention = attention  # how a step writes and reads these blocks (chosen for the device)
 
     @property
     def bytes_per_token(self) -> int:
@@ -101,23 +108,12 @@ class HybridState:
         self.slots = slots
 
 
-class EncoderCache:
+class EncoderCache(BlockTensors):
     """An encoder-decoder model's encoder output: every decoder layer's cross-attention K,V of each request's
-    source, (n_layers, num_blocks, block_size, n_heads, head_dim), in blocks that every sequence of the request
-    reads (beams and samples share them: nothing here is copied on a fork)."""
+    source, in blocks that every sequence of the request reads (beams and samples share them: nothing here is
+    copied on a fork)."""
 
     kind = "encoder"
-
-    def __init__(self, n_layers, num_blocks, block_size, n_heads, head_dim, dtype, device):
-        shape = (n_layers, num_blocks, block_size, n_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-
-    @property
-    def bytes_per_block(self) -> int:
-        return 2 * self.k[:, 0].numel() * self.k.element_size()
 
 
 class EncoderDecoderState:

@@ -161,8 +161,11 @@ class FeedForward(nn.Module):
         return ops.linear(h, self.fc2.weight, self.fc2.bias)
 
 
-class EncoderLayer(nn.Module):
-    def __init__(self, config: Seq2SeqConfig):
+class Layer(nn.Module):
+    """What a layer of either stack has: self-attention (q, k, v in one matmul) and a feed-forward, each with its
+    norm."""
+
+    def __init__(self, config: Seq2SeqConfig, ffn: int):
         super().__init__()
         self.config = config
         d, inner, bias = config.d_model, config.inner_dim, config.linear_bias
@@ -170,7 +173,12 @@ class EncoderLayer(nn.Module):
         self.qkv = nn.Linear(d, 3 * inner, bias=bias)
         self.out = nn.Linear(inner, d, bias=bias)
         self.mlp_norm = make_norm(config)
-        self.mlp = FeedForward(config, config.encoder_ffn)
+        self.mlp = FeedForward(config, ffn)
+
+
+class EncoderLayer(Layer):
+    def __init__(self, config: Seq2SeqConfig):
+        super().__init__(config, config.encoder_ffn)
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor, real: torch.Tensor, shape: tuple[int, int],
                ops: LayerOps) -> torch.Tensor:
@@ -193,20 +201,14 @@ class EncoderLayer(nn.Module):
         return _sublayer(x, self.mlp_norm, lambda h: self.mlp(h, ops), pre)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(Layer):
     def __init__(self, config: Seq2SeqConfig):
-        super().__init__()
-        self.config = config
+        super().__init__(config, config.decoder_ffn)
         d, inner, bias = config.d_model, config.inner_dim, config.linear_bias
-        self.attn_norm = make_norm(config)
-        self.qkv = nn.Linear(d, 3 * inner, bias=bias)
-        self.out = nn.Linear(inner, d, bias=bias)
         self.cross_norm = make_norm(config)
         self.cross_q = nn.Linear(d, inner, bias=bias)
         self.cross_kv = nn.Linear(d, 2 * inner, bias=bias)  # on the encoder's output, once per request (`encode`)
         self.cross_out = nn.Linear(inner, d, bias=bias)
-        self.mlp_norm = make_norm(config)
-        self.mlp = FeedForward(config, config.decoder_ffn)
 
     def self_attend(self, x, k_cache, v_cache, attention, ops: LayerOps) -> torch.Tensor:
         q, k, v = ops.linear(x, self.qkv.weight, self.qkv.bias).unflatten(-1, (3, self.config.n_heads, -1)).unbind(1)
