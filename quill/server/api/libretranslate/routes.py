@@ -25,7 +25,7 @@ from quill.models.text.seq2seq_tokenizer import LANGUAGE_STYLES
 from quill.models.text.tokenizer_config import TOKENIZER_CONFIG_FILE
 from quill.server.hosting import HostedModel
 
-from ..errors import APIError
+from ..errors import APIError, error_body
 from ..generation import answer, loaded_host, resolve_model, start
 from ..validation import build_params
 from .schemas import (AUTO, DECLARED_CODE, GROUP_CODES, TranslateRequest, bad_request, language_name, match_code,
@@ -189,7 +189,8 @@ def _choose(http: Request, request: TranslateRequest) -> tuple[HostedModel, Tran
 
 
 def _error(e: APIError) -> JSONResponse:
-    return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+    """LibreTranslate's {"error": message}, with the error_type Quill's other non-OpenAI answers carry."""
+    return JSONResponse(error_body("/translate", e.status, e.message), status_code=e.status, headers=e.headers)
 
 
 @router.post("/translate")
@@ -198,6 +199,7 @@ async def translate(http: Request):
     none), target, format (text), alternatives; api_key is checked by the server's key check (a bearer token);
     model (Quill's) picks the hosted model."""
     try:
+        loaded_host(http)  # while loading: 503, whatever the request says
         request = parse_translate(await read_fields(http))
         hosted, tr, source, target = _choose(http, request)
         return await _translate(http, request, hosted, tr, source, target)
@@ -278,6 +280,10 @@ async def languages(http: Request):
 
 @router.post("/detect")
 async def detect(http: Request):
+    try:
+        loaded_host(http)
+    except APIError as e:
+        return _error(e)
     return _error(APIError(501, "language detection is not offered by this server: name the source language "
                                 "in /translate (GET /languages lists them)", reason="not_implemented"))
 
