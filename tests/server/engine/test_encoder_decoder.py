@@ -174,3 +174,20 @@ def test_seeded_samples_do_not_depend_on_the_batch(tmp_path):
     busy = _run(engine)["busy"]
     assert [busy[j][0] for j in range(2)] == [alone[j][0] for j in range(2)]
     assert alone[0][0] != alone[1][0]  # two samples, two streams
+
+
+def test_preempted_requests_answer_as_without_pressure(tmp_path):
+    """A cache too small for every request at once: requests are preempted (their decoder blocks freed, their
+    encoder outputs let go) and readmitted, and every answer equals the one given with room to spare."""
+    sources = _sources(8, seed=21)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    answers = []
+    for blocks in (None, 14):
+        engine, _ = _engine(tmp_path / str(blocks), "marian", block_size=4, num_blocks=blocks)
+        for i, source in enumerate(sources):
+            engine.add_request(f"r{i}", [1], params, encoder_token_ids=source)
+        answers.append({rid: out[0][0] for rid, out in _run(engine).items()})
+        if blocks is not None:
+            assert engine.scheduler.num_preemptions > 0
+            assert engine.cache.encoder.usage == 0 and engine.cache.kv.usage == 0
+    assert answers[0] == answers[1]
