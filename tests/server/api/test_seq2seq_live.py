@@ -172,3 +172,15 @@ def load_forced(server, language):
     from quill.models.loading.checkpoint import load_checkpoint
 
     return load_checkpoint(_path(server, "m2m"), weights=False).seq2seq.target_prefix(language)[0]
+
+
+def test_engine_in_a_process_of_its_own(served):
+    """--engine-process: the API process tokenizes (weights not loaded), the engine process encodes and decodes; the
+    forced target language travels with the request's settings."""
+    server, _, _ = served
+    body = {"model": "m2m", "prompt": TEXTS[3], "max_tokens": 8, "temperature": 0, "source_lang": "en",
+            "target_lang": "fr"}
+    expected = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30).json()["choices"][0]["text"]
+    with LiveServer({"m2m": _path(server, "m2m")}, "--engine-process") as separate:
+        got = httpx.post(f"{separate.url}/v1/completions", json=body, timeout=30)
+    assert got.status_code == 200 and got.json()["choices"][0]["text"] == expected
