@@ -14,7 +14,6 @@ opening one), a window that starts or ends inside a word whose pieces read as pu
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 from functools import lru_cache
@@ -24,7 +23,7 @@ from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import WordLevel
 
-from ..loading.errors import CheckpointError
+from ..loading.errors import CheckpointError, read_json_object
 from .sentencepiece_vocab import added_token_pattern, vocab_layout
 from .tokenizer import Tokenizer
 
@@ -158,12 +157,7 @@ class FsmtTarget(Tokenizer):
 def _vocab(path: Path) -> tuple[dict[str, int], list[str]]:
     if not path.is_file():
         raise CheckpointError(path, "missing: the checkpoint's tokenizer needs it")
-    try:
-        vocab = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(path, f"not valid JSON ({e})") from None
-    if not isinstance(vocab, dict):
-        raise CheckpointError(path, "must hold a JSON object")
+    vocab = read_json_object(path)
     return vocab, vocab_layout(vocab, path)
 
 

@@ -182,7 +182,8 @@ class EngineCore:
             first.grammar = self.grammars.matcher(params.structured)
         forced = forced_token_ids or params.forced_token_ids
         if not forced and group.encoder_token_ids is not None:  # the checkpoint's own first token (BART's <s>)
-            forced = [t for t in [getattr(self.loaded.model.config, "forced_bos_token_id", None)] if t is not None]
+            bos = self.loaded.model.config.forced_bos_token_id
+            forced = [] if bos is None else [bos]
         for token in forced:
             self.outputs.append(first, token, 0.0, None)
         group.seqs.append(first)

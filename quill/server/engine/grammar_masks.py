@@ -66,12 +66,17 @@ class GrammarMasks:
 
     def start(self, seqs: list[Sequence]) -> PendingMasks | None:
         """Begin filling the masks of those of `seqs` that have a grammar or n-gram bans; None when none has."""
-        bans = {seq: banned_by_ngrams(seq.token_ids, seq.group.params.no_repeat_ngram_size) for seq in seqs
-                if seq.group.params.no_repeat_ngram_size}
-        bans = {seq: tokens for seq, tokens in bans.items() if tokens}
-        constrained = list(dict.fromkeys(seq for seq in seqs if seq.grammar is not None or seq in bans))
+        bans, constrained = {}, {}  # one pass over the step's sequences: most have neither
+        for seq in seqs:
+            size = seq.group.params.no_repeat_ngram_size
+            banned = banned_by_ngrams(seq.token_ids, size) if size else None
+            if banned:
+                bans[seq] = banned
+            if banned or seq.grammar is not None:
+                constrained[seq] = None
         if not constrained:
             return None
+        constrained = list(constrained)
         host = torch.empty(len(constrained), self.words, dtype=torch.int32, pin_memory=self.device.type == "cuda")
         row_of = {seq: i for i, seq in enumerate(constrained)}
         if bans:  # grammars and bans in line: a banned bit is cleared after its grammar set it

@@ -56,12 +56,12 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
         raise invalid("echo is not supported by encoder-decoder models: the prompt is the encoder's source", "echo")
     prompts, forced = [], []
     for prompt in _prompts(request):
-        if seq2seq is not None:
+        if seq2seq is not None:  # the source's ids are not the (target) tokenizer's to decode: logged as ids
             ids, forced = encode_source(hosted, prompt, request.source_lang, request.target_lang)
+            text = prompt if isinstance(prompt, str) else str(ids)
         else:
             ids = encode_prompt(hosted, prompt)
-        text = prompt if isinstance(prompt, str) else str(ids) if seq2seq is not None else hosted.tokenizer.decode(
-            ids, request.skip_special_tokens)
+            text = prompt if isinstance(prompt, str) else hosted.tokenizer.decode(ids, request.skip_special_tokens)
         prompts.append((ids, text))
     max_tokens = request.max_tokens
     if max_tokens is None:

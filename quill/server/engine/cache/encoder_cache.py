@@ -39,11 +39,11 @@ class EncoderCacheManager:
         self.entry_of: dict[int, EncoderEntry] = {}  # sequence id -> its request's entry
         self.table_edits = TableEdits()
         self.queries = self.hits = 0  # sources asked for, and found encoded
+        self.held = 0  # blocks of entries some request holds (read by metrics every step: counted, not summed)
 
     @property
     def usage(self) -> float:
-        held = sum(len(e.blocks) for e in self.entries.values() if e.holders)
-        return held / self.num_blocks if self.num_blocks else 0.0
+        return self.held / self.num_blocks if self.num_blocks else 0.0
 
     def blocks_for(self, length: int) -> int:
         return -(-length // self.block_size)
@@ -61,6 +61,8 @@ class EncoderCacheManager:
         if entry is not None:
             self.hits += entry.encoded
             self.idle.pop(key, None)
+            if entry.holders == 0:
+                self.held += len(entry.blocks)
             entry.holders += 1
             return entry
         need = self.blocks_for(len(key))
@@ -71,6 +73,7 @@ class EncoderCacheManager:
             return None
         entry = EncoderEntry(key, [self.free_blocks.pop() for _ in range(need)], holders=1)
         self.entries[key] = entry
+        self.held += need
         return entry
 
     def release(self, entry: EncoderEntry) -> None:
@@ -80,6 +83,7 @@ class EncoderCacheManager:
         entry.holders -= 1
         if entry.holders > 0:
             return
+        self.held -= len(entry.blocks)
         if entry.encoded:
             self.idle[entry.source] = entry
         else:
@@ -106,6 +110,7 @@ class EncoderCacheManager:
         self.free_blocks = list(range(self.num_blocks - 1, -1, -1))
         self.entries.clear()
         self.idle.clear()
+        self.held = 0
         self.entry_of.clear()
 
     def _drop(self, entry: EncoderEntry) -> None:
