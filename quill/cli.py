@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from quill.models.loading.checkpoint import DTYPES, CheckpointError, load_checkpoint, save_checkpoint
+from quill.models.loading.checkpoint import DTYPES, CheckpointError, load_checkpoint
 
 from quill.clients.bench.cli import add_bench_parser
 from quill.clients.cli import add_client_parsers, run_guarded
@@ -49,8 +50,7 @@ def _convert(args: argparse.Namespace) -> int:
     from quill.models.classic.conversion import convert  # the classic formats load only for this command
 
     converted = convert(args.source, args.vocab, args.format)
-    out = save_checkpoint(args.out, converted.architecture, converted.model, converted.tokenizer,
-                          dtype=DTYPES[args.dtype], metadata=converted.metadata)
+    out = converted.save(Path(args.out), DTYPES[args.dtype])
     print(f"{args.source} ({converted.metadata['source_format']}) -> {out}")
     return 0
 

@@ -117,14 +117,19 @@ class EncoderCache(BlockTensors):
 
 
 class EncoderDecoderState:
-    """An encoder-decoder model's state: its decoder's self-attention K,V blocks (`kv`, per sequence, copied on
-    write like a decoder-only Transformer's) and its encoder output (`encoder`, per request)."""
+    """An encoder-decoder model's state: its encoder output (`encoder`, per request) and its decoder's own, of one
+    kind: a Transformer decoder's self-attention K,V blocks (`kv`, per sequence, copied on write like a
+    decoder-only Transformer's) or a recurrent or convolutional decoder's fixed-size slot per sequence (`slots`:
+    an LSTM's (h, c) and input feed, a convolutional decoder's windows)."""
 
     kind = "encoder_decoder"
 
-    def __init__(self, kv: PagedKVCache, encoder: EncoderCache):
+    def __init__(self, kv: PagedKVCache | None, encoder: EncoderCache, slots: SlotState | None = None):
+        if (kv is None) == (slots is None):
+            raise ValueError("an encoder-decoder state holds K,V blocks or slots for its decoder, one of the two")
         self.kv = kv
         self.encoder = encoder
+        self.slots = slots
 
 
 def new_model_state(model, num_blocks: int, num_slots: int, block_size: int | None):
@@ -147,5 +152,5 @@ def state_parts(state) -> tuple[PagedKVCache | None, SlotState | None]:
     if state.kind == HybridState.kind:
         return state.kv, state.slots
     if state.kind == EncoderDecoderState.kind:
-        return state.kv, None
+        return state.kv, state.slots
     return (state, None) if state.kind == PagedKVCache.kind else (None, state)

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import torch
 
-from quill.models.loading.saving import save_checkpoint
-
 from .conversion import convert, find_format
 from .formats import ClassicFormat
 
@@ -68,8 +66,7 @@ def converted_checkpoint(path: str | Path, vocab: str | Path | None = None) -> P
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        save_checkpoint(staging, converted.architecture, converted.model, converted.tokenizer,
-                        dtype=torch.float32, metadata={**converted.metadata, "source": str(path.resolve())})
+        converted.save(staging, torch.float32, metadata={**converted.metadata, "source": str(path.resolve())})
         os.replace(staging, target)
     except OSError:
         if not (target / "config.json").is_file():  # not another process's conversion that won the rename

@@ -9,10 +9,11 @@ import torch
 
 from quill.models.loading.errors import CheckpointError
 
-from . import awd_lstm, fairseq_fconv, word_language_model
+from . import awd_lstm, fairseq_fconv, fairseq_translation, opennmt, word_language_model
 from .formats import ClassicFormat, Converted
 
-FORMATS: list[ClassicFormat] = [*word_language_model.FORMATS, *awd_lstm.FORMATS, *fairseq_fconv.FORMATS]
+FORMATS: list[ClassicFormat] = [*word_language_model.FORMATS, *awd_lstm.FORMATS, *fairseq_fconv.FORMATS,
+                                *fairseq_translation.FORMATS, *opennmt.FORMATS]
 
 
 def find_format(path: Path) -> ClassicFormat | None:

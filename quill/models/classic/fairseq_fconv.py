@@ -48,7 +48,7 @@ def detect(path: Path) -> bool:
     return model.is_file() and vocab.is_file() and b"fconv" in peek_pickle(model)
 
 
-def _model_args(checkpoint: dict, path: Path) -> dict:
+def model_args(checkpoint: dict, path: Path) -> dict:
     """The model's arguments: `args`, or newer fairseq's `cfg["model"]`."""
     args = checkpoint.get("args")
     if args is None:
@@ -62,7 +62,7 @@ def _model_args(checkpoint: dict, path: Path) -> dict:
         raise CheckpointError(path, f"the model arguments are a {type(args).__name__}, not a record") from None
 
 
-def _expression(args: dict, name: str, path: Path, default: str | None = None) -> object:
+def parse_argument(args: dict, name: str, path: Path, default: str | None = None) -> object:
     value = args.get(name, default)
     if isinstance(value, str):
         try:
@@ -73,7 +73,7 @@ def _expression(args: dict, name: str, path: Path, default: str | None = None) -
 
 
 def _layers(args: dict, path: Path) -> list[list[int]]:
-    spec = _expression(args, "decoder_layers", path, FAIRSEQ_DEFAULT_LAYERS)
+    spec = parse_argument(args, "decoder_layers", path, FAIRSEQ_DEFAULT_LAYERS)
     def is_layer(layer) -> bool:
         return isinstance(layer, (list, tuple)) and len(layer) in (2, 3) and all(type(n) is int for n in layer)
 
@@ -84,7 +84,7 @@ def _layers(args: dict, path: Path) -> list[list[int]]:
 
 
 def _check_no_attention(args: dict, path: Path) -> None:
-    attention = _expression(args, "decoder_attention", path, "False")
+    attention = parse_argument(args, "decoder_attention", path, "False")
     if attention in (False, None) or (isinstance(attention, (list, tuple)) and not any(attention)):
         return
     raise CheckpointError(path, f"decoder_attention {args.get('decoder_attention')!r}: a language model's "
@@ -120,7 +120,7 @@ def _adaptive_softmax(state: dict, args: dict, vocab_size: int, path: Path) -> t
         raise CheckpointError(path, "adaptive softmax without decoder.adaptive_softmax.version: saved by a fairseq "
                                     "old enough that fairseq itself no longer loads it (its cluster order differs)")
     state.pop("adaptive_softmax.version")
-    cutoff = _expression(args, "adaptive_softmax_cutoff", path)
+    cutoff = parse_argument(args, "adaptive_softmax_cutoff", path)
     if isinstance(cutoff, int):
         cutoff = [cutoff]
     if not isinstance(cutoff, (list, tuple)) or not all(type(n) is int for n in cutoff):
@@ -160,7 +160,7 @@ def convert(path: Path, vocab: Path | None) -> Converted:
                                           "(OmegaConf.to_container): re-save it so") from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(model_file, f"holds a {type(checkpoint).__name__}, not a fairseq checkpoint dict")
-    args = _model_args(checkpoint, model_file)
+    args = model_args(checkpoint, model_file)
     arch = args.get("arch", args.get("_name"))  # newer fairseq's cfg names the architecture `_name`
     if arch is not None and not str(arch).startswith("fconv_lm"):
         raise CheckpointError(model_file, f"fairseq architecture {arch!r}: Quill reads fconv_lm models here")

@@ -18,15 +18,29 @@ import torch
 from torch import nn
 
 from quill.models.loading.errors import CheckpointError
+from quill.models.loading.saving import save_checkpoint
 from quill.models.text.tokenizer import Tokenizer
+from quill.models.text.toolkit_tokenizer import write_toolkit_tokenizer
 
 
 @dataclass
 class Converted:
     architecture: str  # a key of models.registry.ARCHITECTURES
     model: nn.Module  # on the CPU, float32, its weights read from the original file
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None for a translation model: its rules are `seq2seq_tokenizer`
     metadata: dict = field(default_factory=dict)  # "source_format" and whatever the original said of itself
+    # A translation model's text rules and vocabularies (quill/models/text/toolkit_tokenizer.py), files by path
+    seq2seq_tokenizer: dict | None = None
+
+    def save(self, directory: Path, dtype: torch.dtype = torch.float32, metadata: dict | None = None) -> Path:
+        """Write it as a Quill checkpoint directory (`metadata`: instead of its own)."""
+        spec = self.seq2seq_tokenizer
+        eos = None if spec is None else spec["target_vocab"].index(spec["specials"]["eos"])
+        out = save_checkpoint(directory, self.architecture, self.model, self.tokenizer, dtype=dtype,
+                              metadata=self.metadata if metadata is None else metadata, eos_token_id=eos)
+        if spec is not None:
+            write_toolkit_tokenizer(out, spec)
+        return out
 
 
 @dataclass(frozen=True)

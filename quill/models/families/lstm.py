@@ -61,7 +61,7 @@ def _recurrent(cell: str, d_in: int, d_hidden: int, n_layers: int, dropout: floa
     return nn.RNN(*shape, nonlinearity=cell.removeprefix("rnn_"), batch_first=True, dropout=dropout)
 
 
-def _run(module: nn.Module, x: torch.Tensor, start: tuple[torch.Tensor, ...], lengths: list[int] | None):
+def run_recurrent(module: nn.Module, x: torch.Tensor, start: tuple[torch.Tensor, ...], lengths: list[int] | None):
     """(B, Q, in) padded inputs from state `start` ((h, c) or (h,), each (L, B, H)) -> (B, Q, H) outputs and
     the end state; `lengths` (each row's real length) when rows differ, None when all are one token."""
     start = start if len(start) == 2 else start[0]
@@ -129,14 +129,14 @@ class LSTMLanguageModel(nn.Module):
         lengths = None if batch.max_query_len == 1 else batch.query_lens
         rows = [state[name][batch.slots] for name in self.state_names]  # (B, L, H) or (B, sum of sizes)
         if self.layers is None:
-            x, end = _run(self.lstm, x, tuple(r.transpose(0, 1).contiguous() for r in rows), lengths)  # (L, B, H)
+            x, end = run_recurrent(self.lstm, x, tuple(r.transpose(0, 1).contiguous() for r in rows), lengths)  # (L, B, H)
             for name, tensor in zip(self.state_names, end):
                 state[name][batch.slots] = tensor.transpose(0, 1)
         else:
             ends, offset = [], 0
             for layer, size in zip(self.layers, self.config.layer_sizes):
                 start = tuple(r[:, offset : offset + size].unsqueeze(0).contiguous() for r in rows)  # (1, B, H)
-                x, end = _run(layer, x, start, lengths)
+                x, end = run_recurrent(layer, x, start, lengths)
                 ends.append(end)
                 offset += size
             for i, name in enumerate(self.state_names):

@@ -161,6 +161,18 @@ def _expected_sources(config, model: nn.Module, names: set[str]) -> list[hf.Tens
     return [hf.same_name(n) for n in params]
 
 
+def _read_seq2seq_tokenizer(path: Path):
+    """An encoder-decoder checkpoint's tokenizers: a converted toolkit model's rules (toolkit_tokenizer.json), else
+    the files its Hugging Face family ships (no tokenizer.json needed)."""
+    from ..text.toolkit_tokenizer import TOOLKIT_TOKENIZER_FILE, load_toolkit_tokenizer
+
+    if (path / TOOLKIT_TOKENIZER_FILE).is_file():
+        return load_toolkit_tokenizer(path)
+    from ..text.seq2seq_tokenizer import load_seq2seq_tokenizer
+
+    return load_seq2seq_tokenizer(path, read_json_object(path / CONFIG_FILE))
+
+
 def _read_tokenizer(path: Path, eos_ids: list[int], vocab_size: int) -> Tokenizer:
     try:
         tokenizer = Tokenizer.from_file(path, eos_ids[0] if eos_ids else None)
@@ -230,10 +242,9 @@ def load_checkpoint(
     eos_ids += [i for i in generation.eos_token_ids if i not in eos_ids]
     tokenizer_config = read_tokenizer_config(path)
     seq2seq = None
-    if architecture == "seq2seq":  # source and target tokenizers as the family ships them (no tokenizer.json needed)
-        from ..text.seq2seq_tokenizer import load_seq2seq_tokenizer
-
-        seq2seq = load_seq2seq_tokenizer(path, read_json_object(path / CONFIG_FILE))
+    _, model_cls = ARCHITECTURES[architecture]
+    if getattr(model_cls, "is_encoder_decoder", False):  # source and target tokenizers as the family ships them
+        seq2seq = _read_seq2seq_tokenizer(path)
         tokenizer = seq2seq.target
     elif not (path / TOKENIZER_FILE).is_file():
         raise CheckpointError(path / TOKENIZER_FILE, "missing file")
@@ -247,7 +258,6 @@ def load_checkpoint(
         except ValueError as e:
             raise CheckpointError(path / CONFIG_FILE, str(e)) from None
 
-    _, model_cls = ARCHITECTURES[architecture]
     with torch.device("meta"):
         model = model_cls(config)
     if weights:

@@ -26,22 +26,25 @@ def save_checkpoint(
     directory: str | Path,
     architecture: str,
     model: nn.Module,
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | None,
     dtype: torch.dtype = torch.float16,
     metadata: dict | None = None,
+    eos_token_id: int | None = None,
 ) -> Path:
-    """Write a checkpoint directory that `load_checkpoint` reads back."""
+    """Write a checkpoint directory that `load_checkpoint` reads back. `tokenizer` None: the caller writes the
+    tokenizer's files (a converted translation model's rules) and names its `eos_token_id`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = {
         "format_version": FORMAT_VERSION,
         "architecture": architecture,
         "config": asdict(model.config),
-        "eos_token_id": tokenizer.eos_token_id,
+        "eos_token_id": tokenizer.eos_token_id if tokenizer is not None else eos_token_id,
         "metadata": metadata or {},
     }
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     tensors = {n: p.detach().to("cpu", dtype).contiguous() for n, p in model.named_parameters()}
     save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    tokenizer.save(directory / TOKENIZER_FILE)
+    if tokenizer is not None:
+        tokenizer.save(directory / TOKENIZER_FILE)
     return directory

@@ -20,12 +20,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers.models import WordLevel
 
 from ..loading.errors import CheckpointError, read_json_object
 from .sentencepiece_vocab import added_token_pattern, vocab_layout
-from .tokenizer import Tokenizer
+from .rules_target import RulesTarget
 
 SOURCE_VOCAB, TARGET_VOCAB, MERGES = "vocab-src.json", "vocab-tgt.json", "merges.txt"
 END_OF_WORD = "</w>"
@@ -119,41 +117,6 @@ class MosesSide:
         return self.detokenizer.detokenize(words)
 
 
-def _clean_up_spaces(text: str) -> str:
-    """transformers' clean_up_tokenization, for a tokenizer_config.json that asks for it."""
-    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
-        text = text.replace(before, after)
-    return text
-
-
-class FsmtTarget(Tokenizer):
-    """The target side as a quill Tokenizer: decodes (and encodes stop strings) by the target language's Moses
-    rules, in Python; `hf` is a word-level tokenizer over vocab-tgt.json for the vocabulary's sake."""
-
-    decodes_in_rust = False
-
-    def __init__(self, side: MosesSide, layout: list[str], unk: str, special_ids: set[int], eos_id: int,
-                 clean_up: bool):
-        hf = HFTokenizer(WordLevel({token: i for i, token in enumerate(layout)}, unk_token=unk))
-        hf.add_special_tokens([layout[i] for i in sorted(special_ids)])
-        super().__init__(hf, eos_id)
-        self.side, self._layout, self._unk, self._special_ids, self._clean_up = side, layout, unk, special_ids, clean_up
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.side.encode(text)  # the decoder's ids take no special tokens around them
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        layout, n = self._layout, len(self._layout)
-        tokens = [layout[i] if 0 <= i < n else self._unk for i in ids
-                  if not (skip_special_tokens and i in self._special_ids)]
-        text = self.side.detokenize(tokens)
-        return _clean_up_spaces(text) if self._clean_up else text
-
-    def decode_batch(self, batch: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
-        return [self.decode(ids, skip_special_tokens) for ids in batch]
-
-
 def _vocab(path: Path) -> tuple[dict[str, int], list[str]]:
     if not path.is_file():
         raise CheckpointError(path, "missing: the checkpoint's tokenizer needs it")
@@ -162,7 +125,7 @@ def _vocab(path: Path) -> tuple[dict[str, int], list[str]]:
 
 
 def load_fsmt(directory: Path, tok_config: dict, special: dict[str, str]) -> tuple[tuple[str, str], MosesSide,
-                                                                                   FsmtTarget, int]:
+                                                                                   RulesTarget, int]:
     """(the language pair, the source side, the target Tokenizer, the id that ends a source) of the FSMT checkpoint
     in `directory`; `tok_config` is its tokenizer_config.json, `special` its named special tokens."""
     langs = tok_config.get("langs")
@@ -188,6 +151,6 @@ def load_fsmt(directory: Path, tok_config: dict, special: dict[str, str]) -> tup
     source, target_side = side(langs[0], source_vocab), side(langs[1], target_vocab)
     # decode skips the target's own special ids (transformers skips the source vocabulary's ids of the same
     # tokens: fairseq gives both dictionaries <s> 0, <pad> 1, </s> 2, <unk> 3, so they agree)
-    target = FsmtTarget(target_side, layout, names["unk_token"], set(target_side.specials.values()),
+    target = RulesTarget(target_side, layout, names["unk_token"], set(target_side.specials.values()),
                         target_vocab[names["sep_token"]], bool(tok_config.get("clean_up_tokenization_spaces")))
     return (langs[0], langs[1]), source, target, source_vocab[names["sep_token"]]

@@ -125,6 +125,17 @@ def encode_source(hosted: HostedModel, prompt: str | list[int], source_lang: str
         raise invalid(str(e), "target_lang" if "target" in str(e) else "source_lang") from None
 
 
+def target_prefix_ids(hosted: HostedModel, prefix: str | None, param: str = "target_prefix") -> list[int]:
+    """The target-side ids of the text an encoder-decoder's answer must start with ([] for none)."""
+    if not prefix:
+        return []
+    ids = hosted.tokenizer.encode(prefix, add_special_tokens=False)
+    if not ids:
+        raise invalid("the target prefix is empty after tokenization", param)
+    check_token_ids(hosted, ids, param)
+    return ids
+
+
 def check_source(hosted: HostedModel, num_source_tokens: int, param: str = "prompt") -> None:
     """A source the encoder takes: no longer than its positions reach."""
     limit = hosted.loaded.model.config.max_source_len

@@ -189,5 +189,5 @@ def test_preempted_requests_answer_as_without_pressure(tmp_path):
         answers.append({rid: out[0][0] for rid, out in _run(engine).items()})
         if blocks is not None:
             assert engine.scheduler.num_preemptions > 0
-            assert engine.cache.encoder.usage == 0 and engine.cache.kv.usage == 0
+            assert engine.cache.encoder.usage == 0 and engine.cache.decoder.usage == 0
     assert answers[0] == answers[1]

@@ -116,8 +116,8 @@ def _describe(loaded, generation_mode: str) -> Translator:
     declared = pair or (tok_config.get("source_lang"), tok_config.get("target_lang"))
     source, target = _declared(declared[0]), _declared(declared[1])
     targets = codes if codes else (target,) if target else None
-    return Translator((source,) if source else None, targets, False, False, bool(codes), seq2seq.style == "marian",
-                      decoding, max_new)
+    picked = seq2seq.style == "marian" or bool(source and target)  # a translation family, or one declaring its pair
+    return Translator((source,) if source else None, targets, False, False, bool(codes), picked, decoding, max_new)
 
 
 def _side(codes: tuple[str, ...] | None, code: str, tokens: bool, role: str, name: str) -> str | None:

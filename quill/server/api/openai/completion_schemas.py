@@ -95,6 +95,7 @@ class CompletionRequest(OpenAISampling):
     # Quill's extension, for encoder-decoder (translation) models: the prompt's language and the answer's
     source_lang: str | None = None
     target_lang: str | None = None
+    target_prefix: str | None = None  # text every answer starts with (its tokens forced, then generation goes on)
 
     @property
     def num_sequences(self) -> int:

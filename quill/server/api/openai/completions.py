@@ -16,7 +16,8 @@ from ..sampling_defaults import default_max_tokens
 from ..sse import sse_event
 from ..structured_fields import check_constraint
 from ..token_texts import TokenTexts
-from ..validation import check_context, check_max_tokens, check_sequences, encode_prompt, encode_source, invalid
+from ..validation import (check_context, check_max_tokens, check_sequences, encode_prompt, encode_source, invalid,
+                          target_prefix_ids)
 from .completion_schemas import CompletionRequest
 
 router = APIRouter()
@@ -50,14 +51,16 @@ def _validate(request: CompletionRequest, config, hosted) -> tuple:
         raise invalid("stop strings are not supported with beam search", "stop")
     request.check_forms(config)
     seq2seq = hosted.loaded.seq2seq
-    if seq2seq is None and (request.source_lang or request.target_lang):
-        raise invalid("source_lang and target_lang are for encoder-decoder (translation) models", "target_lang")
+    if seq2seq is None and (request.source_lang or request.target_lang or request.target_prefix):
+        raise invalid("source_lang, target_lang and target_prefix are for encoder-decoder (translation) models",
+                      "target_prefix" if request.target_prefix else "target_lang")
     if seq2seq is not None and request.echo:
         raise invalid("echo is not supported by encoder-decoder models: the prompt is the encoder's source", "echo")
     prompts, forced = [], []
     for prompt in _prompts(request):
         if seq2seq is not None:  # the source's ids are not the (target) tokenizer's to decode: logged as ids
             ids, forced = encode_source(hosted, prompt, request.source_lang, request.target_lang)
+            forced = forced + target_prefix_ids(hosted, request.target_prefix)
             text = prompt if isinstance(prompt, str) else str(ids)
         else:
             ids = encode_prompt(hosted, prompt)

@@ -30,9 +30,11 @@ class EncoderEntry:
 
 
 class EncoderCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, width: int):
-        """`width`: blocks of the longest source the model takes (its table columns are 1 + width)."""
+    def __init__(self, num_blocks: int, block_size: int, width: int, extra_rows: int = 0):
+        """`width`: blocks of the longest source the model takes (its table columns are 1 + width); `extra_rows`:
+        rows an entry holds past its source's (an LSTM encoder's final state, which starts its decoder)."""
         self.num_blocks, self.block_size, self.width = num_blocks, block_size, width
+        self.extra_rows = extra_rows
         self.free_blocks = list(range(num_blocks - 1, -1, -1))
         self.entries: dict[tuple[int, ...], EncoderEntry] = {}
         self.idle: OrderedDict[tuple[int, ...], EncoderEntry] = OrderedDict()  # held by none, oldest first
@@ -46,7 +48,7 @@ class EncoderCacheManager:
         return self.held / self.num_blocks if self.num_blocks else 0.0
 
     def blocks_for(self, length: int) -> int:
-        return -(-length // self.block_size)
+        return -(-(length + self.extra_rows) // self.block_size)
 
     def fits(self, length: int) -> bool:
         """Whether a source of `length` tokens can ever be held."""

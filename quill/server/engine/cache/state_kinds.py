@@ -116,14 +116,16 @@ class Slots(StateKind):
 
 
 class EncoderBlocks(StateKind):
-    """An encoder-decoder model's encoder outputs: a request's in as many blocks as its source needs, read by all
-    its sequences (encoder_cache.py). Its columns: the source's length, then its blocks."""
+    """An encoder-decoder model's encoder outputs: a request's in as many blocks as its source needs (and the rows
+    past it the model asks for: `extra_rows`), read by all its sequences (encoder_cache.py). Its columns: the
+    source's length, then its blocks."""
 
     part = "encoder"
 
-    def __init__(self, num_blocks: int, block_size: int, max_source_len: int):
+    def __init__(self, num_blocks: int, block_size: int, max_source_len: int, extra_rows: int = 0):
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.manager = EncoderCacheManager(num_blocks, block_size, -(-max_source_len // block_size))
+        width = -(-(max_source_len + extra_rows) // block_size)
+        self.manager = EncoderCacheManager(num_blocks, block_size, width, extra_rows)
         self.scratch = num_blocks
 
     def width(self, max_model_len: int | None) -> int:
@@ -140,25 +142,40 @@ class EncoderBlocks(StateKind):
         return tensors.bytes_per_block * tensors.num_blocks
 
     def describe(self, tensors) -> str:
-        return f"{self.num_blocks * self.block_size} source tokens of cross-attention K,V in blocks of {self.block_size}"
+        return f"{self.num_blocks * self.block_size} rows of encoder output in blocks of {self.block_size}"
 
 
-def plan_encoder_decoder(model, cache, max_model_len: int | None, spare: int) -> "StateLayout":
-    """An encoder-decoder model's state: the cache budget (256 MiB off CUDA when not given; on CUDA half of the
-    memory free after loading, times --gpu-memory-utilization) split evenly between encoder outputs and the
-    decoder's K,V, whose bytes per token are the same (a layer's K and V each)."""
+def _encoder_decoder_budget(model, cache) -> int:
+    """The bytes an encoder-decoder model's state may take: --cache-bytes, else 256 MiB off CUDA, on CUDA half of
+    the memory free after loading, times --gpu-memory-utilization."""
     if cache.cache_bytes is not None:
-        budget = cache.cache_bytes
-    elif next(model.parameters()).device.type == "cuda":
-        budget = int(torch.cuda.mem_get_info(next(model.parameters()).device)[0] * cache.gpu_memory_utilization / 2)
-    else:
-        budget = DEFAULT_CACHE_BYTES
+        return cache.cache_bytes
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0] * cache.gpu_memory_utilization / 2)
+    return DEFAULT_CACHE_BYTES
+
+
+def plan_encoder_decoder(model, cache, scheduler, max_model_len: int | None, spare: int) -> "StateLayout":
+    """An encoder-decoder model's state. A Transformer decoder's K,V blocks and the encoder's output take half of
+    the budget each (their bytes per token are the same: a layer's K and V each). A recurrent or convolutional
+    decoder takes a slot per sequence the scheduler may run (no prefix snapshots: its state follows a source), and
+    the encoder's output the rest."""
+    budget = _encoder_decoder_budget(model, cache)
     probe = model.new_state(1, block_size=cache.block_size, num_encoder_blocks=1)
-    num_blocks = cache.num_blocks or max(1, budget // 2 // probe.kv.bytes_per_block)
-    num_encoder_blocks = cache.num_blocks or max(1, budget // 2 // probe.encoder.bytes_per_block)
-    kinds = [EncoderBlocks(num_encoder_blocks, cache.block_size, model.config.max_source_len),
-             KVBlocks(num_blocks, cache.block_size, enable_prefix_caching=False)]
-    return StateLayout(model, kinds, spare, max_model_len)
+    encoder_block = probe.encoder.bytes_per_block
+    extra_rows = getattr(model, "encoder_state_rows", 0)
+    if probe.slots is not None:
+        seqs = scheduler.max_num_seqs
+        decoder = Slots(seqs, 0, cache.block_size, enable_prefix_caching=False)
+        encoder_bytes = budget - probe.slots.bytes_per_slot * (seqs + spare)
+    else:
+        decoder = KVBlocks(cache.num_blocks or max(1, budget // 2 // probe.kv.bytes_per_block), cache.block_size,
+                           enable_prefix_caching=False)
+        encoder_bytes = budget // 2
+    num_encoder_blocks = cache.num_blocks or max(1, encoder_bytes // encoder_block)
+    encoder = EncoderBlocks(num_encoder_blocks, cache.block_size, model.config.max_source_len, extra_rows)
+    return StateLayout(model, [encoder, decoder], spare, max_model_len)
 
 
 def plan_state(model, cache, scheduler, max_model_len: int | None, spare: int, graph_batch_size: int = 0,
@@ -168,7 +185,7 @@ def plan_state(model, cache, scheduler, max_model_len: int | None, spare: int, g
     sequence within `cache.cache_bytes` (256 MiB when not given). K,V blocks take `cache.cache_bytes` (or what
     memory.py measures is left on a GPU) less a hybrid's slots."""
     if model.state_kind == EncoderDecoderState.kind:
-        return plan_encoder_decoder(model, cache, max_model_len, spare)
+        return plan_encoder_decoder(model, cache, scheduler, max_model_len, spare)
     kinds: list[StateKind] = []
     kv_probe, slots_probe = state_parts(new_model_state(model, 1, 1, cache.block_size))
     hybrid = kv_probe is not None and slots_probe is not None
@@ -222,8 +239,9 @@ class StateLayout:
         self._by_part = {kind.part: kind for kind in self.kinds}
         kv, slots, encoder = (self._by_part.get(part) for part in ("kv", "slots", "encoder"))
         self.block_size = None if kv is None else kv.block_size  # None: a step's width is fixed
-        if encoder is not None:
-            self.state = model.new_state(kv.num_blocks + spare, block_size=kv.block_size,
+        if encoder is not None:  # a decoder's blocks, or its slots
+            decoder_size = kv.num_blocks if kv is not None else slots.num_slots
+            self.state = model.new_state(decoder_size + spare, block_size=encoder.block_size,
                                          num_encoder_blocks=encoder.num_blocks + spare)
         else:
             self.state = new_model_state(model, 0 if kv is None else kv.num_blocks + spare,
@@ -231,7 +249,7 @@ class StateLayout:
         self._tensors = dict(zip(("kv", "slots"), state_parts(self.state)))
         if encoder is not None:
             self._tensors["encoder"] = self.state.encoder
-            self.cache = EncoderDecoderCacheManager(encoder.manager, kv.manager)
+            self.cache = EncoderDecoderCacheManager(encoder.manager, (kv or slots).manager)
         elif len(self.kinds) == 1:
             self.cache = self.kinds[0].manager
         else:
