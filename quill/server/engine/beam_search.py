@@ -4,8 +4,9 @@ Kept to the same rules as `transformers` (so its outputs are a reference we can 
 against): each step takes the top (1 + number of EOS ids, at least 2) x W
 continuations of all beams by summed log-probability; the best W that do not end
 become the next beams; those among the top W that end (EOS, or max_tokens reached)
-become finished hypotheses scored sum_logprob / generated_length ** length_penalty,
-and the W best hypotheses are kept. `early_stopping` picks when to stop looking
+become finished hypotheses scored sum_logprob / generated_length ** length_penalty
+(or, `length_penalty_type` "wu", / ((5 + generated_length) / 6) ** length_penalty, as OpenNMT
+scores them), and the W best hypotheses are kept. `early_stopping` picks when to stop looking
 (True: once W hypotheses exist; False: when the best running beam, scored at the
 current length, cannot beat the worst kept one; "never": scored at max length when
 length_penalty > 0).
@@ -43,6 +44,7 @@ class BeamSearch:
     eos_token_ids: list[int]
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    length_penalty_type: str = "power"  # or "wu" (Wu et al. 2016)
     min_tokens: int = 0
     scores: list[float] = field(default_factory=lambda: [0.0])  # summed log-prob of each live beam
     finished: list[Hypothesis] = field(default_factory=list)  # best first, at most `width`
@@ -77,7 +79,7 @@ class BeamSearch:
         if not settled:
             for i in range(min(self.width, len(tokens))):
                 if ends[i]:
-                    score = top_scores[i] / (generated**self.length_penalty)
+                    score = top_scores[i] / self._normalizer(generated)
                     self.finished.append(Hypothesis(outputs[parents[i]] + [tokens[i]], score, top_scores[i]))
             self.finished.sort(key=lambda h: -h.score)
             del self.finished[self.width :]
@@ -88,12 +90,16 @@ class BeamSearch:
         done = not self.can_improve or (full and self.early_stopping is True) or all(ends)
         return BeamStep(running=[] if done else running, done=done)
 
+    def _normalizer(self, length: int) -> float:
+        base = (5 + length) / 6 if self.length_penalty_type == "wu" else length
+        return base**self.length_penalty
+
     def _update_can_improve(self, generated: int) -> None:
         if self.early_stopping == "never" and self.length_penalty > 0.0:
             best_length = self.max_tokens
         else:
             best_length = generated
-        best_running = self.scores[0] / (best_length**self.length_penalty)
+        best_running = self.scores[0] / self._normalizer(best_length)
         if len(self.finished) < self.width:
             return  # an empty hypothesis slot can always be filled
         worst = self.finished[-1].score

@@ -175,7 +175,7 @@ class EngineCore:
                 width=params.beam_width, max_tokens=params.max_tokens,
                 eos_token_ids=[] if params.ignore_eos else list(self.loaded.eos_token_ids),
                 length_penalty=params.length_penalty, early_stopping=params.early_stopping,
-                min_tokens=params.min_tokens,
+                min_tokens=params.min_tokens, length_penalty_type=params.length_penalty_type,
             )
         first = self._new_sequence(group, list(prompt_token_ids), 0)
         if params.structured is not None:  # cached when the API process checked it; GrammarError if refused

@@ -14,6 +14,7 @@ GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20  # OpenAI's cap on alternatives per token
 MAX_ABS_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values
 MAX_ABS_PENALTY = 2.0  # OpenAI's range for presence/frequency penalties
+LENGTH_PENALTY_TYPES = ("power", "wu")
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
@@ -80,6 +81,9 @@ class SamplingParams:
     use_beam_search: bool = False
     beam_width: int = 1
     length_penalty: float = 1.0  # beam score = sum logprob / length ** length_penalty
+    # "power": that (transformers', fairseq's --lenpen); "wu": / ((5 + length) / 6) ** length_penalty (Wu et al. 2016,
+    # OpenNMT's -length_penalty wu -alpha)
+    length_penalty_type: Literal["power", "wu"] = "power"
     early_stopping: bool | Literal["never"] = False  # beam search: HF's meaning
     # the first output tokens, forced (transformers' forced_bos_token_id: an encoder-decoder's target language)
     forced_token_ids: list[int] = field(default_factory=list)
@@ -151,6 +155,9 @@ class SamplingParams:
             raise SamplingParamError("use_beam_search", f"must be a boolean, got {self.use_beam_search!r}")
         _check_int("beam_width", self.beam_width, low=1)
         _check_real("length_penalty", self.length_penalty, "a finite number", lambda _: True)
+        if self.length_penalty_type not in LENGTH_PENALTY_TYPES:
+            raise SamplingParamError("length_penalty_type", f"must be one of {', '.join(LENGTH_PENALTY_TYPES)}, got "
+                                                            f"{self.length_penalty_type!r}")
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             raise SamplingParamError("early_stopping", f'must be true, false or "never", got {self.early_stopping!r}')
         if self.use_beam_search:
@@ -164,6 +171,8 @@ class SamplingParams:
             raise SamplingParamError("beam_width", f"needs use_beam_search, got {self.beam_width!r}")
         if self.length_penalty != 1.0:
             raise SamplingParamError("length_penalty", f"needs use_beam_search, got {self.length_penalty!r}")
+        if self.length_penalty_type != "power":
+            raise SamplingParamError("length_penalty_type", f"needs use_beam_search, got {self.length_penalty_type!r}")
         if self.early_stopping is not False:
             raise SamplingParamError("early_stopping", f"needs use_beam_search, got {self.early_stopping!r}")
 

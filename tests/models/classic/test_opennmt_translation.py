@@ -15,9 +15,10 @@ import torch
 from quill.models.classic.conversion import convert
 from quill.models.loading.checkpoint import load_checkpoint
 from quill.models.loading.errors import CheckpointError
+from quill.server.sampling import SamplingParams
 from tests.models.classic.fairseq_translation_files import TEXT
 from tests.models.test_rnn_seq2seq import SOURCE_TOKENS, SPECIAL, reference, save, tiny_model, vocab_in_form
-from tests.toolkit_reference import check_against_reference
+from tests.toolkit_reference import check_against_reference, engine_outputs
 
 
 @pytest.mark.parametrize("options", [
@@ -73,3 +74,24 @@ def test_sentencepiece_found_beside_the_checkpoint(tmp_path):
     save(directory / "model.pt", model, "v3", vocab=vocab_in_form("v3", vocab, vocab), transforms=["onmt_tokenize"])
     with pytest.raises(CheckpointError, match="onmt_tokenize"):
         convert(directory)
+
+
+def test_beam_scores_with_wu_length_penalty(tmp_path):
+    """OpenNMT's `-length_penalty wu -alpha 0.6`: each of the n best answers scored as its summed log-probability
+    over ((5 + length) / 6) ** 0.6, best first."""
+    model = tiny_model(9, rnn_type="LSTM", bidirectional=True, global_attention="dot", input_feed=True, layers=1)
+    (tmp_path / "onmt").mkdir()
+    save(tmp_path / "onmt" / "model.pt", model, "v3")
+    loaded = load_checkpoint(convert(tmp_path / "onmt").save(tmp_path / "quill"), device="cpu", dtype="float32")
+    source = [5, 9, 3, 7, 11, 4]
+    params = SamplingParams(max_tokens=8, temperature=0, use_beam_search=True, beam_width=4, n=3,
+                            length_penalty=0.6, length_penalty_type="wu")
+    answers = engine_outputs(loaded, {"r": (source, params)})["r"]
+    start = loaded.model.config.decoder_start_token_id
+    expected = []
+    for tokens, _ in answers:
+        logprobs = reference(model, source, [start] + tokens[:-1])
+        total = sum(float(logprobs[i, t]) for i, t in enumerate(tokens))
+        expected.append(total / ((5 + len(tokens)) / 6) ** 0.6)
+    assert [score for _, score in answers] == pytest.approx(expected, abs=1e-4)
+    assert expected == sorted(expected, reverse=True)

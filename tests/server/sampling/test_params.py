@@ -64,6 +64,8 @@ INVALID = [
     ("beam_width", 0),
     ("beam_width", 2),  # without use_beam_search
     ("length_penalty", 0.5),  # without use_beam_search
+    ("length_penalty_type", "wu"),  # without use_beam_search
+    ("length_penalty_type", "avg"),
     ("early_stopping", True),  # without use_beam_search
     ("early_stopping", "always"),
     ("use_beam_search", "yes"),

@@ -38,6 +38,7 @@ class VLLMExtensions(GuidedFields):
     min_tokens: int = 0
     use_beam_search: bool = False  # completions: best_of is the beam width; chat: n is, and all n are answered
     length_penalty: float = 1.0
+    length_penalty_type: Literal["power", "wu"] = "power"  # "wu": OpenNMT's (Wu et al. 2016)
     early_stopping: bool | Literal["never"] = False
     no_repeat_ngram_size: int = 0  # transformers' rule: never repeat an n-gram of this size (0: off)
     skip_special_tokens: bool = Field(default=True, description="drop special tokens from the text")
@@ -75,7 +76,8 @@ class OpenAISampling(VLLMExtensions):
             stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             use_beam_search=self.use_beam_search, beam_width=beam_width,
-            length_penalty=self.length_penalty, early_stopping=self.early_stopping,
+            length_penalty=self.length_penalty, length_penalty_type=self.length_penalty_type,
+            early_stopping=self.early_stopping,
             skip_special_tokens=self.skip_special_tokens, structured=self.structured_output()[0],
             no_repeat_ngram_size=self.no_repeat_ngram_size, forced_token_ids=forced_token_ids or [],
         )
