@@ -107,3 +107,26 @@ def test_unmarked_pair_and_missing_files(codes, tmp_path):
     (tmp_path / TOOLKIT_TOKENIZER_FILE).write_text(json.dumps(spec))
     with pytest.raises(CheckpointError, match="target vocabulary lacks"):
         load_toolkit_tokenizer(tmp_path)
+
+
+def test_streamed_text_adds_up_to_the_whole_answer(codes, tmp_path):
+    """Moses' detokenization reads whole words and pairs quotes, so deltas come from decoding the whole output and
+    holding back its last word: they add up to the whole decode, for the corpus' lines and for shuffled pieces."""
+    import random
+
+    from quill.models.text.tokenizer import IncrementalDecoder
+
+    lines = TEXT.splitlines()
+    vocab = _vocab(codes, lines)
+    spec = {"toolkit": "fairseq", "source_vocab": vocab, "target_vocab": vocab,
+            "specials": {"unk": "<unk>", "pad": "<pad>", "bos": "<s>", "eos": "</s>"}, "source_suffix": ["</s>"],
+            "languages": ["en", "en"], "moses": True, "bpe_codes": str(codes), "sentencepiece": None}
+    write_toolkit_tokenizer(tmp_path, spec)
+    target = load_toolkit_tokenizer(tmp_path).target
+    rng = random.Random(0)
+    answers = [target.encode(line) + [2] for line in lines]
+    answers += [rng.sample(range(4, len(vocab)), 12) + [2] for _ in range(40)]
+    for ids in answers:
+        decoder = IncrementalDecoder(target, [2])  # the decoder's prompt: its start token
+        streamed = "".join(decoder.push(i) for i in ids) + decoder.flush()
+        assert streamed == target.decode(ids), [vocab[i] for i in ids]

@@ -6,10 +6,8 @@ vocab-src.json, "</s>" appended. Target ids: vocab-tgt.json's tokens joined, "</
 detokenization for the target language. One merges.txt serves both sides (fairseq's joint BPE), so a merge may make
 a token that one side's vocabulary lacks: it becomes <unk> there, as in transformers.
 
-Moses detokenization reads whole words and counts quotes from the start, so IncrementalDecoder, which decodes
-only the last few ids, can space a delta differently from decoding all of them: a closing quote (it looks like an
-opening one), a window that starts or ends inside a word whose pieces read as punctuation or currency when alone
-(",y", "0€"), "@-@" next to punctuation. The whole decode (what a sequence ending at EOS gets) is exact.
+Moses detokenization reads whole words and counts quotes from the start, so the target side (rules_target.py)
+streams by decoding the whole output at each token and holding back its last word.
 """
 
 from __future__ import annotations

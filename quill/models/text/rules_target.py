@@ -25,6 +25,7 @@ class RulesTarget(Tokenizer):
     rules run in Python (Moses, BPE marks); `hf` is a word-level tokenizer over `layout`, for the vocabulary's sake."""
 
     decodes_in_rust = False
+    decodes_whole_text = True
 
     def __init__(self, side, layout: list[str], unk: str, special_ids: set[int], eos_id: int,
                  clean_up: bool):

@@ -25,6 +25,9 @@ class Tokenizer:
     # False in a subclass whose encode/decode add rules of their own around the tokenizer.json (fastai's
     # xxmaj/xxup): IncrementalDecoder then decodes through `decode`, never tokenizers' DecodeStream.
     decodes_in_rust = True
+    # True where decoding reads the whole text (Moses detokenization pairs quotes, joins a word's pieces around
+    # punctuation): IncrementalDecoder then decodes the whole output every step and holds back its last word.
+    decodes_whole_text = False
 
     def __init__(self, hf_tokenizer: HFTokenizer, eos_token_id: int | None):
         self.hf = hf_tokenizer
@@ -99,7 +102,8 @@ class IncrementalDecoder:
     does not extend the shorter one's (DecodeStream raises then) falls back to slicing, as TGI does.
     """
 
-    __slots__ = ("_hf", "_skip_special_tokens", "_stream", "_ids", "_prefix_offset", "_read_offset", "_cut")
+    __slots__ = ("_hf", "_skip_special_tokens", "_stream", "_ids", "_prefix_offset", "_read_offset", "_cut", "_whole",
+                 "_emitted")
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True):
         self._hf = tokenizer.hf if tokenizer.decodes_in_rust else tokenizer  # what `decode`s and `decode_batch`es
@@ -111,6 +115,8 @@ class IncrementalDecoder:
         self._prefix_offset = 0  # the text of ids[prefix_offset:read_offset] was emitted (or is context)
         self._read_offset = len(context)
         self._cut = 0  # characters of context text that the next deltas still repeat
+        # A tokenizer whose rules read the whole text: (the context's text, what was emitted after it)
+        self._whole = (context_text, "") if tokenizer.decodes_whole_text else None
         if context_text.endswith(UNFINISHED):
             # The prompt ends mid-character: DecodeStream then starts from no prefix and its first deltas
             # repeat the context's text (its half character completed). The contract's subtraction
@@ -126,6 +132,8 @@ class IncrementalDecoder:
                 text = self._stream.step(self._hf, token_id)
             except Exception:  # noqa: BLE001 - DecodeStream's InvalidPrefix; never let it kill a step
                 self._stream = None
+        if self._whole is not None:
+            return self._whole_delta(final=False)
         if self._stream is None:
             text = self._slice_delta(final=False)
         if text is None:
@@ -145,11 +153,25 @@ class IncrementalDecoder:
 
     def flush(self) -> str:
         """Whatever is still held back (a character cut short at the very end decodes to U+FFFD)."""
+        if self._whole is not None:
+            return self._whole_delta(final=True)
         text = self._slice_delta(final=True)
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         self._stream = None  # it still holds what was flushed; any later push slices instead
         text, self._cut = text[self._cut :], max(0, self._cut - len(text))
         return text
+
+    def _whole_delta(self, final: bool) -> str:
+        """What the output adds to the text emitted so far, decoded whole; before the end, up to the space before
+        its last word (that word's spacing, and the space, can still change: "Hello" then "," reads "Hello,")."""
+        context_text, emitted = self._whole
+        text = self._hf.decode(self._ids, self._skip_special_tokens)
+        text = text[len(context_text):] if text.startswith(context_text) else text
+        stable = text if final else text[: max(0, text.rfind(" "))]
+        if not stable.startswith(emitted):
+            return text[len(emitted):] if final else ""  # an earlier word changed: wait for the end
+        self._whole = (context_text, stable)
+        return stable[len(emitted):]
 
     def _slice_delta(self, final: bool) -> str | None:
         """What the ids since the read offset add, by two decodes; None while there is nothing to add."""
