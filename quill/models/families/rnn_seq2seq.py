@@ -235,9 +235,13 @@ class RNNSeq2Seq(nn.Module):
         return rows
 
     def _memory(self, batch: StepBatch, cache: EncoderCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Each sequence's keys and memory bank (B, W * block_size, H), and which rows are its source's (B, 1, S)."""
-        keys = cache.k[0][batch.cross_tables].flatten(1, 3)  # (B, W, block_size, 1, H) -> (B, S, H)
-        values = cache.v[0][batch.cross_tables].flatten(1, 3)
+        """Each sequence's keys and memory bank (B, W * block_size, H), and which rows are its source's (B, 1, S).
+        Only the blocks the step's longest source fills are gathered, not the table's width (the longest source the
+        model takes): attention over a few dozen rows, not a thousand masked ones."""
+        width = -(-int(batch.cross_lens.max()) // cache.block_size)
+        tables = batch.cross_tables[:, :width]
+        keys = cache.k[0][tables].flatten(1, 3)  # (B, W, block_size, 1, H) -> (B, S, H)
+        values = cache.v[0][tables].flatten(1, 3)
         rows = torch.arange(keys.shape[1], device=keys.device)
         return keys, values, (rows[None, :] < batch.cross_lens[:, None])[:, None, :]
 
