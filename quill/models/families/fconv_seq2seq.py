@@ -152,8 +152,11 @@ class FConvEncoder(ConvStack):
         outputs = [x]
         for (_, k, residual), proj, conv in zip(self.layers, self.projections, self.convolutions):
             # zeros beyond the source's end, in the batch's padding as past the longest source
-            y = F.pad(x.masked_fill(padding, 0.0), (0, 0, (k - 1) // 2, k // 2)).transpose(1, 2)  # (E, in, S+k-1)
-            y = F.glu(F.conv1d(y, conv.weight, conv.bias).transpose(1, 2), dim=-1)  # (E, S, out)
+            y = F.pad(x.masked_fill(padding, 0.0), (0, 0, (k - 1) // 2, k // 2))  # (E, S+k-1, in)
+            # each position's k inputs through one matrix product, as the decoder's steps run (on the CPU conv1d
+            # takes a slow path for these shapes, 1x1 ones most of all)
+            windows = y.unfold(1, k, 1).flatten(2)  # (E, S, in*k), the weight's order
+            y = F.glu(F.linear(windows, conv.weight.flatten(1), conv.bias), dim=-1)  # (E, S, out)
             x = _residual(y, residual, outputs, proj)
             outputs.append(x)
         keys = self.fc2(x[valid])
