@@ -11,7 +11,7 @@ from quill.models.loading.checkpoint import DTYPES, CheckpointError, load_checkp
 from quill.clients.bench.cli import add_bench_parser
 from quill.clients.cli import add_client_parsers, run_guarded
 from quill.server.config import add_serve_arguments, config_from_args
-from quill.server.engine import generate
+from quill.server.engine import generate, run_worker
 from quill.server.sampling import SamplingParams
 
 
@@ -79,6 +79,15 @@ def _add_serve_parser(subparsers) -> None:
     p.set_defaults(run=_serve)
 
 
+def _add_tp_worker_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "tp-worker", help="a tensor-parallel rank past 0, started apart (e.g. on another machine): it loads its shard "
+                          "of the model that rank 0 (`quill serve --tensor-parallel-workers external`) serves and "
+                          "follows its steps; configured by torch.distributed's environment: MASTER_ADDR, "
+                          "MASTER_PORT (rank 0's), RANK, WORLD_SIZE, LOCAL_RANK (its CUDA device, default 0)")
+    p.set_defaults(run=lambda args: run_worker())
+
+
 def _add_train_parser(subparsers) -> None:
     from quill.models.training.cli import add_train_parser
 
@@ -92,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_parser(subparsers)
     _add_generate_parser(subparsers)
     _add_convert_parser(subparsers)
+    _add_tp_worker_parser(subparsers)
     _add_train_parser(subparsers)
     add_client_parsers(subparsers)
     add_bench_parser(subparsers)

@@ -14,6 +14,7 @@ from quill.server.api.openai.tool_calls.registry import TOOL_CALL_FORMATS
 
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")  # uvicorn's names
 HTTP_PARSERS = ("auto", "h11", "httptools")
+# The bundled models (quill/models/checkpoints/, trained by `quill train`); the first is the default
 DEFAULT_MODELS = ["shakespeare-transformer", "shakespeare-lstm", "shakespeare-gcnn"]  # the first is the default
 
 
@@ -49,6 +50,8 @@ class ServerConfig:
     drain_seconds: float = 30.0  # SIGTERM: how long in-flight requests may take to finish
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # no CUDA graphs: every step runs eagerly (the CPU always does)
+    tensor_parallel_size: int = 1  # ranks each Transformer is split over (engine/parallel/); 1: one device
+    tensor_parallel_workers: str = "spawn"  # "spawn": rank 0 starts the others here; "external": `quill tp-worker`
     async_scheduling: bool | None = None  # launch a decode step before the host commits the one before it;
     # None: on for models on CUDA, off elsewhere (EngineConfig.async_scheduling)
     log_prompts: bool = False  # request logs carry token counts only unless asked
@@ -59,6 +62,11 @@ class ServerConfig:
     engine_process: bool | None = None
     loop: str = "auto"  # the event loop: "auto" (uvloop where installed, else asyncio), "asyncio", "uvloop"
     http: str = "auto"  # the HTTP/1.1 parser: "auto" (httptools where installed, else h11), "h11", "httptools"
+    # KV-cache events for prefix-aware routers, as vLLM's --kv-events-config publishes them (engine/kv_events/)
+    kv_events_endpoint: str | None = None  # ZMQ PUB endpoint; None: no events
+    kv_events_replay_endpoint: str | None = None  # ZMQ ROUTER endpoint answering replay requests
+    kv_events_topic: str = ""  # "{model}" in it: the model's name
+    kv_events_buffer_steps: int = 10_000  # batches kept for replay
 
     def __post_init__(self):
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -71,6 +79,10 @@ class ServerConfig:
         if self.loop not in EVENT_LOOPS or self.http not in HTTP_PARSERS:
             raise ValueError(f"loop must be one of {EVENT_LOOPS} and http one of {HTTP_PARSERS}, "
                              f"not {self.loop!r} and {self.http!r}")
+        if self.kv_events_replay_endpoint is not None and self.kv_events_endpoint is None:
+            raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+        if self.kv_events_buffer_steps < 1:
+            raise ValueError(f"--kv-events-buffer-steps must be positive, not {self.kv_events_buffer_steps}")
 
     def model_specs(self) -> list[tuple[str, str]]:
         """(name, model) per hosted model; a bare hub id is named by itself, a bare directory after its name."""
@@ -149,8 +161,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     repeated("--model", "models", "NAME=MODEL or MODEL, where MODEL is a checkpoint directory, a Hugging Face hub "
                                   "id (org/name) in the local HF cache, or a classic toolkit's model file (or its "
                                   "directory, the vocabulary beside it), converted once into $QUILL_CACHE_DIR; "
-                                  "repeat for several models; the first is the default (default: the three bundled "
-                                  "models)")
+                                  "repeat for several models; the first is the default (default: the bundled "
+                                  "models, shakespeare-transformer first)")
     repeated("--revision", "revisions", "[NAME=]REV: read the hub id of model NAME, or of every model given by hub "
                                         "id, at REV: a branch or tag (the cache's refs/REV) or a commit, in full or "
                                         "a prefix of a cached one (default: main)")
@@ -178,6 +190,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "Triton kernel each; compiled when a model first runs them)",
         choices=("auto", *LAYER_OPS))
     arg("--max-model-len", int, d.max_model_len, "longest prompt + completion, in tokens")
+    arg("--tensor-parallel-size", int, d.tensor_parallel_size,
+        "split each model over this many ranks, a process and a device each (CUDA devices from --device's on; "
+        "gloo on the CPU): its heads, feed-forward width and vocabulary. Decoder-only Transformers only (Llama and "
+        "its relatives, GPT-2); their steps then run eagerly (no CUDA graphs)")
+    arg("--tensor-parallel-workers", str, d.tensor_parallel_workers,
+        "spawn: this process starts the other ranks on this machine; external: they are started apart, e.g. on "
+        "other machines (`quill tp-worker`, with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE), and meet this "
+        "process at MASTER_ADDR:MASTER_PORT", choices=("spawn", "external"))
     arg("--generation-config", str, d.generation_config,
         "auto: settings a request leaves out default to the checkpoint's generation_config.json "
         "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens); none: Quill's defaults",
@@ -210,6 +230,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "asyncio or uvloop", choices=EVENT_LOOPS)
     arg("--http", str, d.http, "the HTTP/1.1 implementation: auto (httptools, a C parser, where installed, else "
         "h11, pure Python), h11 or httptools", choices=HTTP_PARSERS)
+    arg("--kv-events-endpoint", str, d.kv_events_endpoint, "publish the K,V prefix cache's events in vLLM's format "
+        "for prefix-aware routers (llm-d) on this ZMQ PUB endpoint: tcp://*:5557 binds, tcp://HOST:PORT connects to "
+        "a subscriber that binds; the Nth hosted model uses PORT+N-1 (default: no events)")
+    arg("--kv-events-replay-endpoint", str, d.kv_events_replay_endpoint, "ZMQ ROUTER endpoint (bound) that "
+        "replays the kept batches from a sequence number on, e.g. tcp://*:5558 (default: no replay)")
+    arg("--kv-events-topic", str, d.kv_events_topic, "the topic frame of every KV-events message; {model} in it is "
+        "replaced by the model's name (llm-d reads kv@POD@MODEL) (default: empty, as vLLM's)")
+    arg("--kv-events-buffer-steps", int, d.kv_events_buffer_steps, "KV-events batches (one per engine step that "
+        "changed the cache) kept for replay")
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", help="disable prefix caching")
     p.add_argument("--enforce-eager", action="store_true",
                    help="never replay decode steps as CUDA graphs (on CUDA they are captured at startup for "

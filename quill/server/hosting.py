@@ -22,7 +22,7 @@ from quill.models.loading.location import locate
 
 from .config import ServerConfig
 from .engine import (AsyncEngine, CacheConfig, CoreSpec, EngineConfig, EngineFrontend, EngineStartCancelled,
-                     ProcessEngine, SchedulerConfig)
+                     KVEventsConfig, ParallelConfig, ProcessEngine, SchedulerConfig, load_engine_model)
 from .structured import GrammarCompiler
 
 log = logging.getLogger("quill.server")
@@ -104,6 +104,14 @@ def uses_engine_process(config: ServerConfig) -> bool:
     return resolve_device(config.device).type == "cuda"
 
 
+def kv_events_for(config: ServerConfig, index: int, name: str) -> KVEventsConfig | None:
+    """Where hosted model number `index` (from 0) publishes its KV-cache events, if anywhere."""
+    if config.kv_events_endpoint is None:
+        return None
+    return KVEventsConfig(config.kv_events_endpoint, config.kv_events_replay_endpoint, config.kv_events_topic,
+                          config.kv_events_buffer_steps).for_model(index, name)
+
+
 class ModelHost:
     def __init__(self, models: dict[str, HostedModel]):
         self.models = models
@@ -172,6 +180,8 @@ class ModelHost:
                         gpu_memory_utilization=utilization, enable_prefix_caching=config.enable_prefix_caching),
             enforce_eager=config.enforce_eager,
             async_scheduling=config.async_scheduling,
+            kv_events=kv_events_for(config, number - 1, name),
+            parallel=ParallelConfig(config.tensor_parallel_size, config.tensor_parallel_workers),
         )
         load = dict(generation_config=config.generation_config, attention_backend=config.attention_backend,
                     layer_ops=config.layer_ops)
@@ -187,8 +197,8 @@ class ModelHost:
                 loaded = load_checkpoint(location, device=engine.info.device, dtype=engine.info.dtype,
                                          weights=False, name=name, **load)
             else:
-                loaded = load_checkpoint(path, device=config.device, dtype=config.dtype, name=name,
-                                         revision=revision, **load)
+                loaded = load_engine_model(path, engine_config.parallel, device=config.device, dtype=config.dtype,
+                                           name=name, revision=revision, **load)
                 engine = AsyncEngine(loaded, engine_config, name=name, threads=config.threads)
             template, no_chat_reason = chat_template_for(name, loaded, chat_template)
             tool_template = tool_template_for(name, loaded, chat_template) if template is not None else None

@@ -43,7 +43,8 @@ def require_tool(name: str) -> str:
 
 # ---- what Quill exposes ------------------------------------------------------------------------
 
-_SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum", "_created")}
+_SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum", "_created"),
+             "info": ("_info",)}
 
 
 def quill_sample_names() -> set[str]:
@@ -80,3 +81,32 @@ def promql_quill_metrics(expr: str) -> set[str]:
     """The quill_* metric names a PromQL expression reads (label values in quotes are skipped)."""
     without_strings = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
     return {w for w in _PROMQL_WORD.findall(without_strings) if w.startswith("quill_")}
+
+
+# ---- the endpoint picker's view of Quill (deploy/k8s/overlays/inference-gateway/) -----------------------------
+
+PICKER_CONFIG = DEPLOY / "k8s" / "overlays" / "inference-gateway" / "epp-config.yaml"
+# The metric specs of the picker's engine config (EndpointPickerConfig, core-metrics-extractor's engineConfigs)
+PICKER_SPECS = ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec", "loraSpec", "cacheInfoSpec",
+                "cacheBlockSizeSpec", "cacheNumBlocksSpec")
+_SPEC = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?")
+
+
+def picker_engine_config(config: dict) -> dict:
+    """The engine config the picker applies to Quill's pods (its `defaultEngine`)."""
+    (extractor,) = [p for p in config["plugins"] if p["type"] == "core-metrics-extractor"]
+    params = extractor["parameters"]
+    (engine,) = [e for e in params["engineConfigs"] if e["name"] == params["defaultEngine"]]
+    return engine
+
+
+def picker_metrics(engine: dict) -> dict[str, tuple[str, dict[str, str]]]:
+    """Each metric spec the engine config sets: spec key -> (metric name, label matchers), as the picker parses
+    `name{label=value,...}`."""
+    specs = {}
+    for key in PICKER_SPECS:
+        match = _SPEC.fullmatch(engine.get(key) or "")
+        if match is not None:
+            matchers = [m.split("=", 1) for m in (match.group(2) or "").split(",") if m.strip()]
+            specs[key] = (match.group(1), {k.strip(): v.strip().strip('"') for k, v in matchers})
+    return specs

@@ -41,7 +41,7 @@ def fuzzed_schema(fuzzed_app):
 CASES = [(op, GenerationMode.POSITIVE) for op in ("GET /health", "GET /ready", "GET /metrics", "GET /v1/models",
                                                   "GET /info")] + [
     (op, mode) for op in ("POST /v1/completions", "POST /v1/chat/completions", "POST /tokenize", "POST /detokenize",
-                          "POST /generate", "POST /generate_stream", "POST /")
+                          "POST /generate", "POST /generate_stream", "POST /", "GET /tokenizer_info")
     for mode in GenerationMode
 ]
 

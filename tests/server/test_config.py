@@ -28,6 +28,16 @@ def test_async_scheduling_is_left_to_the_engine_unless_asked():
     assert parse("--no-async-scheduling").async_scheduling is False
 
 
+def test_tensor_parallel_is_one_device_whose_ranks_the_server_starts_unless_asked(monkeypatch):
+    assert (parse().tensor_parallel_size, parse().tensor_parallel_workers) == (1, "spawn")
+    config = parse("--tensor-parallel-size", "2", "--tensor-parallel-workers", "external")
+    assert (config.tensor_parallel_size, config.tensor_parallel_workers) == (2, "external")
+    monkeypatch.setenv("QUILL_TENSOR_PARALLEL_SIZE", "4")
+    assert parse().tensor_parallel_size == 4
+    with pytest.raises(SystemExit):
+        parse("--tensor-parallel-workers", "threads")
+
+
 def test_event_loop_and_http_parser_default_to_the_fastest_installed():
     config = parse()
     assert (config.loop, config.http) == ("auto", "auto")

@@ -282,13 +282,20 @@ def test_a_checkpoint_template_that_does_not_compile_disables_only_chat(tiny_che
     assert hosted.chat_template is None and "cannot be used" in hosted.no_chat_reason
 
 
-def test_bundled_models_ship_one_documented_chat_template():
-    sources = {name: (BUNDLED_DIR / name / "chat_template.jinja").read_text() for name in DEFAULT_MODELS}
-    assert len(set(sources.values())) == 1  # the same scene-of-a-play template for all three
+def test_bundled_language_models_ship_one_documented_chat_template():
+    """The language models chat as a scene of a play; the restoration models (encoder-decoders, a line in and the
+    line restored out) have no chat."""
+    restorers = [name for name in DEFAULT_MODELS if (BUNDLED_DIR / name / "toolkit_tokenizer.json").is_file()]
+    language_models = [name for name in DEFAULT_MODELS if name not in restorers]
+    assert len(language_models) == 4 and len(restorers) == 3
+    sources = {name: (BUNDLED_DIR / name / "chat_template.jinja").read_text() for name in language_models}
+    assert len(set(sources.values())) == 1  # the same scene-of-a-play template for all of them
     source = sources[DEFAULT_MODELS[0]]
     assert source.startswith("{#-") and "USER" in source  # it says what it does, in a comment
-    for name in DEFAULT_MODELS:
+    for name in language_models:
         assert read_tokenizer_config(BUNDLED_DIR / name).chat_template == source  # what the loader picks up
+    for name in restorers:
+        assert read_tokenizer_config(BUNDLED_DIR / name).chat_template is None
     assert ChatTemplate(source).render(ONE_TURN) == "USER.\nTo be\n\nQUILL.\n"
 
 

@@ -249,16 +249,20 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(self.attn_norm(x), rope))
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
-    def step(self, x, rope, k_cache, v_cache, attention, ops: LayerOps):
+    def step(self, x, rope, k_cache, v_cache, attention, ops: LayerOps, reduce=None):
+        """`reduce`: sums the ranks' partial outputs of the attention and the MLP (tensor parallel; None: whole)."""
         if self.post_norm:
             # add_norm's first result is norm(x + h): the post-norm residual. Fused where the ops fuse the norm
             # (RMSNorm); a LayerNorm, as PyTorch's encoder layer has, runs as torch ops under any LayerOps.
-            x, _ = ops.add_norm(self.attn.step(x, rope, k_cache, v_cache, attention, ops), x, self.attn_norm)
-            x, _ = ops.add_norm(self.mlp(x, ops), x, self.mlp_norm)
+            h = self.attn.step(x, rope, k_cache, v_cache, attention, ops)
+            x, _ = ops.add_norm(h if reduce is None else reduce(h), x, self.attn_norm)
+            h = self.mlp(x, ops)
+            x, _ = ops.add_norm(h if reduce is None else reduce(h), x, self.mlp_norm)
             return x
         h = self.attn.step(ops.norm(x, self.attn_norm), rope, k_cache, v_cache, attention, ops)
-        h, x = ops.add_norm(h, x, self.mlp_norm)  # x = x + h, h = mlp_norm(x): one kernel where fused
-        return x + self.mlp(h, ops)
+        h, x = ops.add_norm(h if reduce is None else reduce(h), x, self.mlp_norm)  # x + h, mlp_norm(x + h)
+        h = self.mlp(h, ops)
+        return x + (h if reduce is None else reduce(h))
 
 
 class TransformerLanguageModel(nn.Module):
@@ -279,6 +283,9 @@ class TransformerLanguageModel(nn.Module):
         self.attention_backend = "auto"
         # How steps run norms, RoPE and the gated activation (models.kernels); load_checkpoint picks the device's.
         self.layer_ops: LayerOps = TORCH_OPS
+        # One rank's shard of a tensor-parallel model: its steps' collectives (models.parallel.hooks.TensorParallel,
+        # set by models.parallel.shard_loading); None: the whole model, whose steps call none.
+        self.parallel = None
 
     def init_weights(self) -> None:
         """GPT-2 style initialisation for training from scratch (residual outputs scaled by depth)."""
@@ -290,7 +297,7 @@ class TransformerLanguageModel(nn.Module):
                 nn.init.zeros_(p)
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor):
-        x = self.embed(tokens)
+        x = self.embed(tokens) if self.parallel is None else self.parallel.embed(self.embed.weight, tokens)
         if self.config.embed_scale != 1.0:
             # The scale is rounded to the weights' dtype first, as Gemma's reference does (filled on the
             # device, not copied from the host: a CUDA graph can capture a fill).
@@ -306,7 +313,8 @@ class TransformerLanguageModel(nn.Module):
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         if self.norm is not None:
             h = ops.norm(h, self.norm)
-        return ops.linear(h, weight, self.lm_bias).float()
+        logits = ops.linear(h, weight, self.lm_bias).float()
+        return logits if self.parallel is None else self.parallel.logits(logits)  # a shard's: on rank 0, else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits, no cache."""
@@ -331,8 +339,9 @@ class TransformerLanguageModel(nn.Module):
         """Run the new tokens of each sequence against its cached K,V; write their K,V in place."""
         attention = state.attention.build(batch, state.block_size)  # once per step, shared by the layers
         x, rope = self._embed(batch.token_ids, batch.positions)
+        reduce = None if self.parallel is None else self.parallel.reduce
         for i, layer in enumerate(self.layers):
-            x = layer.step(x, rope, state.k[i], state.v[i], attention, self.layer_ops)
+            x = layer.step(x, rope, state.k[i], state.v[i], attention, self.layer_ops, reduce)
         if batch.logits_indices is not None:
             x = x[batch.logits_indices]
         return self._logits(x, self.layer_ops)

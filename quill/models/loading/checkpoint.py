@@ -154,7 +154,7 @@ def read_config(path: Path) -> tuple[str, object, list[int], dict]:
         raise CheckpointError(path, f"invalid model configuration: {e}") from None
 
 
-def _expected_sources(config, model: nn.Module, names: set[str]) -> list[hf.TensorSource]:
+def expected_sources(config, model: nn.Module, names: set[str]) -> list[hf.TensorSource]:
     params = [n for n, _ in model.named_parameters()]
     if getattr(config, "extra", {}).get("hf_model_type"):
         return hf.tensor_sources(config, params, names)
@@ -264,7 +264,7 @@ def load_checkpoint(
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         with open_weights(path) as tensors:
             try:
-                sources = _expected_sources(config, model, tensors.names)
+                sources = expected_sources(config, model, tensors.names)
             except ValueError as e:
                 raise CheckpointError(path / CONFIG_FILE, str(e)) from None
             model.load_state_dict(read_weights(tensors, sources, shapes, dtype, device, label=name),

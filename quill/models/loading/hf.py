@@ -32,6 +32,9 @@ class TensorSource:
     name: str
     sources: list[str]
     combine: Callable[[list[torch.Tensor]], torch.Tensor]
+    # `combine` joins the sources along their first dimension, then transposes (GPT-2's Conv1D) where this is set:
+    # what a tensor-parallel rank needs to read only its slice (models.parallel.shard_loading)
+    transpose: bool = False
 
 
 def same_name(name: str) -> TensorSource:
@@ -93,5 +96,6 @@ def tensor_sources(config: TransformerConfig, params: Iterable[str], names: set[
         if source is None:  # our model grew a parameter the family's table does not know
             raise ValueError(f"no {config.extra['hf_model_type']} checkpoint tensor is known for parameter {param!r}")
         fill = dict(p=prefix, i=layer.group(1) if layer else "", w=kind)
-        out.append(TensorSource(param, [_present(n.format(**fill), names) for n in source.names], source.combine))
+        out.append(TensorSource(param, [_present(n.format(**fill), names) for n in source.names], source.combine,
+                               source.transpose))
     return out

@@ -112,7 +112,7 @@ def _describe(dtype: str) -> str:
     return dtype
 
 
-def _check(tensors: CheckpointTensors, sources: list[TensorSource]) -> int:
+def check_tensors(tensors: CheckpointTensors, sources: list[TensorSource]) -> int:
     """Refuse a missing tensor or an unservable dtype before reading anything; the bytes to read."""
     total = 0
     for source in sources:
@@ -140,7 +140,7 @@ def read_weights(
     label: str = "weights",
 ) -> dict[str, torch.Tensor]:
     """Our parameter name -> tensor of its expected shape, in `dtype` on `device`."""
-    total = _check(tensors, sources)
+    total = check_tensors(tensors, sources)
     # Shard after shard, so each file is read through once.
     where = tensors.where
     ordered = sorted(sources, key=lambda s: str(where[s.sources[0]][0]))

@@ -9,7 +9,8 @@ from quill.server.config import ServerConfig
 from quill.server.hosting import ModelHost
 
 from . import health_routes, playground_routes, structured_routes
-from .openai import chat, completions, tokenize
+from .cache_config_info import cache_config_labels
+from .openai import chat, completions, tokenize, tokenizer_info
 from .tgi import routes as tgi
 from .libretranslate import routes as libretranslate
 from .errors import APIError, install_error_handlers, is_openai_path
@@ -43,6 +44,7 @@ def create_app(host: ModelHost | None, config: ServerConfig, metrics: Metrics | 
     app.include_router(completions.router)
     app.include_router(chat.router)
     app.include_router(tokenize.router)
+    app.include_router(tokenizer_info.router)
     app.include_router(tgi.router)
     app.include_router(structured_routes.router)
     app.include_router(playground_routes.router)
@@ -56,6 +58,7 @@ def attach_host(app: FastAPI, host: ModelHost) -> None:
     app.state.host = host
     for name, hosted in host.models.items():
         app.state.metrics.init_model(name)
+        app.state.metrics.set_cache_config(name, cache_config_labels(hosted.engine))
         hosted.engine.on_stats = lambda stats, name=name: app.state.metrics.engine_step(name, stats)
 
 

@@ -1,6 +1,6 @@
 """One error type for the whole API, rendered in the dialect of the route that raised it.
 
-OpenAI routes (/v1/..., and vLLM's /tokenize and /detokenize) answer {"error": {"message", "type",
+OpenAI routes (/v1/..., and vLLM's /tokenize, /detokenize and /tokenizer_info) answer {"error": {"message", "type",
 "param", "code"}}; TGI routes answer {"error", "error_type"}.
 """
 
@@ -61,7 +61,8 @@ class APIError(Exception):
         self.reason = reason or ERROR_TYPES.get(status, "error")  # the label of quill_request_errors_total
 
 
-VLLM_PATHS = ("/tokenize", "/detokenize")  # vLLM's routes outside /v1/, answered in OpenAI's shape as vLLM does
+# vLLM's routes outside /v1/, answered in OpenAI's shape as vLLM does
+VLLM_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
 
 
 def is_openai_path(path: str) -> bool:

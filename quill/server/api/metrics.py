@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from quill.server.engine import EngineStats
 
@@ -38,6 +38,9 @@ class Metrics:
         self.prefix_hits = Counter("quill_prefix_cache_hits", "Prompt tokens found in the prefix cache", m, registry=r)
         self.preemptions = Counter("quill_num_preemptions", "Requests evicted from the cache to be recomputed", m,
                                    registry=r)
+        # quill_cache_config_info{model, block_size, num_gpu_blocks, ...} 1, as vLLM's vllm:cache_config_info: what
+        # the Inference Extension's endpoint picker sizes its prefix index from (cache_config_info.py)
+        self.cache_config = Info("quill_cache_config", "The model's cache configuration, in the labels", m, registry=r)
         self._seen: dict[tuple[str, str], int] = {}  # cumulative engine counters already exported
 
     def init_model(self, model: str) -> None:
@@ -46,6 +49,9 @@ class Metrics:
                        self.batch_size, self.running, self.waiting, self.cache_usage, self.prefix_queries,
                        self.prefix_hits, self.preemptions):
             metric.labels(model=model)
+
+    def set_cache_config(self, model: str, labels: dict[str, str]) -> None:
+        self.cache_config.labels(model=model).info(labels)
 
     def engine_step(self, model: str, stats: EngineStats) -> None:
         """Called with the engine's snapshot after every step (on the thread that receives it)."""

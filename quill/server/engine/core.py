@@ -23,7 +23,9 @@ from .beam_search import BeamSearch
 from .cuda_graphs import CudaGraphs, GraphCapture, GraphCaptureError
 from .current_device import make_current
 from .graph_buckets import graph_batch_sizes
+from .kv_events import KVEventsConfig, open_kv_events
 from .output_processor import OutputProcessor
+from .parallel.config import ParallelConfig
 from .overlap import can_overlap, live_work
 from .outputs import RequestOutput
 from .runner import ModelRunner, PendingStep, StepResult
@@ -60,6 +62,8 @@ class EngineConfig:
     # CUDA, where the device computes while the host works (measured on an H100: the Llama-3-8B shape's decode
     # step at 256 sequences went from 71% to 95% GPU busy), off elsewhere, where the work is only reordered.
     async_scheduling: bool | None = None
+    kv_events: KVEventsConfig | None = None  # where to publish the K,V prefix cache's events (kv_events/); None: off
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # tensor parallelism (parallel/); steps eager
 
 
 @dataclass
@@ -99,8 +103,8 @@ class EngineCore:
             if warm_attention_variants(model, cache_cfg.block_size):
                 log.info("%s: attention kernels compiled for every query tile size in %.2fs", loaded.name,
                          time.perf_counter() - start)
-        if self.config.enforce_eager or getattr(model, "is_encoder_decoder", False):
-            graph_capture = None  # an encoder-decoder model's decode steps run eagerly (not yet captured)
+        if self.config.enforce_eager or getattr(model, "is_encoder_decoder", False) or self.config.parallel.size > 1:
+            graph_capture = None  # encoder-decoder and tensor-parallel decode steps run eagerly (not yet captured)
         elif graph_capture is None and loaded.device.type == "cuda":
             graph_capture = CudaGraphs(loaded.device)
         graph_sizes = []
@@ -110,6 +114,7 @@ class EngineCore:
         self.layout = plan_state(model, cache_cfg, sched_cfg, max_model_len or loaded.max_seq_len,
                                  spare=int(graph_capture is not None), graph_batch_size=max(graph_sizes, default=0))
         self.state, self.cache = self.layout.state, self.layout.cache
+        self.kv_events = open_kv_events(self.config.kv_events, self.layout, loaded.name)
         self.scheduler = Scheduler(sched_cfg, self.cache)
         self.runner = ModelRunner(loaded, self.layout, sched_cfg.max_num_seqs, sched_cfg.max_num_batched_tokens)
         self.graph_bytes = 0  # device memory the captured graphs hold
@@ -204,6 +209,19 @@ class EngineCore:
         """Forget a launched step without committing it: after a fault, its requests are failed anyway."""
         self._in_flight = None
 
+    def reset_cache(self) -> None:
+        """After a failed step: rebuild the cache (CacheManager.reset), and publish that step's KV-cache events
+        followed by what the reset took back."""
+        self.cache.reset()
+        if self.kv_events is not None:
+            self.kv_events.flush()
+
+    def close(self) -> None:
+        """Stop publishing KV-cache events (from the thread that steps the core)."""
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
+
     def stats(self, stepped: bool = True) -> EngineStats:
         """A snapshot for metrics; `stepped`: whether a step ran since the last snapshot."""
         scheduler, cache = self.scheduler, self.cache
@@ -223,7 +241,14 @@ class EngineCore:
     # ---- one step ----------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run a step; returns the outputs ready now (with async_scheduling: those of the step before)."""
+        """Run a step; returns the outputs ready now (with async_scheduling: those of the step before). The
+        cache's events of a step that returns are published (those of one that raises: by `reset_cache`)."""
+        outputs = self._step()
+        if self.kv_events is not None:
+            self.kv_events.flush()
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         if self._in_flight is not None:
             return self._overlapped_step()
         batch = self.scheduler.schedule()

@@ -2,9 +2,10 @@
 
 Out of memory, a bad argument or a bug in one step fail that step's requests, and the engine goes on. A sticky
 CUDA error (an illegal memory access, a device-side assert, a failed launch) leaves the process's CUDA context
-unusable: every later call on it fails again, so a synchronize tells it apart. Such an engine must stop: its
-requests fail with the reason, it reports dead (/health and /ready answer 503), and the server, once no engine
-is left, exits non-zero so that its supervisor starts a fresh process (serve.py).
+unusable: every later call on it fails again, so a synchronize tells it apart. So does a tensor-parallel group
+that lost a rank or fell out of step (parallel/driver.py: its model raises DeviceLostError itself). Such an engine
+must stop: its requests fail with the reason, it reports dead (/health and /ready answer 503), and the server, once
+no engine is left, exits non-zero so that its supervisor starts a fresh process (serve.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ from __future__ import annotations
 import torch
 
 
+class EngineStartError(RuntimeError):
+    """An engine could not start: its process could not load its model (the message says why) or did not start,
+    or a rank of its tensor-parallel group could not load its shard."""
+
+
 class DeviceLostError(RuntimeError):
-    """The device's context is gone: nothing more can run in this process."""
+    """The device's context is gone, or a rank of the model's tensor-parallel group: nothing more can run."""
 
 
 def device_lost(device: torch.device) -> bool:

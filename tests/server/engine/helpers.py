@@ -35,7 +35,7 @@ def collect(results: dict[str, dict[int, dict]], outputs) -> None:
 
 def scripted_engine(tokenizer, state_kind: str = "paged_kv", logits_fn=None, max_num_seqs: int = 16,
                     budget: int = 64, block_size: int = 4, num_blocks: int = 256, eos: int = 0,
-                    async_scheduling: bool = False) -> EngineCore:
+                    async_scheduling: bool = False, kv_events=None) -> EngineCore:
     """An engine over `ScriptedModel`: no model compute, logits chosen by `logits_fn` (or a fixed table)."""
     import torch
 
@@ -52,7 +52,7 @@ def scripted_engine(tokenizer, state_kind: str = "paged_kv", logits_fn=None, max
     return EngineCore(loaded, EngineConfig(
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget),
         CacheConfig(block_size=block_size, num_blocks=num_blocks),
-        async_scheduling=async_scheduling,
+        async_scheduling=async_scheduling, kv_events=kv_events,
     ))
 
 

@@ -6,7 +6,8 @@ sequence's table as a `TableEdit` for the runner's copy of the tables. Blocks ar
 reference count between forked sequences and between sequences whose prompts share
 a prefix (prefix caching: a full block is keyed by all the tokens up to its end).
 A freed block keeps its key until it is reused, so a later request can still hit it, and so does a block
-of a failed step's requests if a finished step wrote it (unfinished_keys.py).
+of a failed step's requests if a finished step wrote it (unfinished_keys.py). Every key that enters or leaves the
+cache is told to `events` when KV-cache events are published (kv_events/).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class KVBlockManager:
         self.unfinished = UnfinishedKeys()
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # prompt tokens found cached
+        self.events = None  # a KVEventCollector (kv_events/) when KV-cache events are published
 
     # ---- what the scheduler asks -------------------------------------------------
 
@@ -130,13 +132,17 @@ class KVBlockManager:
         if full > len(keys):  # only blocks never hashed before
             keys += block_keys(token_ids[: full * self.block_size], self.block_size, start=len(keys),
                                parent=keys[-1] if keys else ROOT)
-        for block, key in zip(table[done:full], keys[done:full]):
+        stored = []
+        for i, (block, key) in enumerate(zip(table[done:full], keys[done:full]), done):
             # A block already keyed keeps its key; tokens already cached in another block keep that one.
             if self.block_key[block] is None and key not in self.cached:
                 self.block_key[block] = key
                 self.cached[key] = block
                 self.unfinished.add(key, self.unfinished.num_launched)
+                stored.append(i)
         self.keyed[seq_id] = full
+        if self.events is not None and stored:
+            self.events.stored(keys, stored, token_ids)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent until one of them writes."""
@@ -169,6 +175,8 @@ class KVBlockManager:
             block = self.cached.pop(key, None)
             if block is not None:
                 self.block_key[block] = None
+                if self.events is not None:
+                    self.events.removed(key)
         self.ref_counts = [0] * self.num_blocks
         unkeyed = [block for block, key in enumerate(self.block_key) if key is None]
         self.free_blocks = OrderedDict.fromkeys([*unkeyed, *self.free_blocks, *range(self.num_blocks)])
@@ -198,6 +206,8 @@ class KVBlockManager:
         if key is not None:  # evict the old contents from the prefix cache
             del self.cached[key]
             self.block_key[block] = None
+            if self.events is not None:
+                self.events.removed(key)
         self.ref_counts[block] = 1
         return block
 

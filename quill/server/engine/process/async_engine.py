@@ -57,6 +57,8 @@ class AsyncEngine(EngineFrontend):
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        else:  # never started: nothing else uses the core
+            self.core.close()
 
     @property
     def is_alive(self) -> bool:
@@ -101,3 +103,5 @@ class AsyncEngine(EngineFrontend):
         except BaseException as e:  # the loop itself broke: report it, fail everyone waiting
             log.exception("engine loop stopped")
             self._fail_all(f"engine loop stopped: {type(e).__name__}: {e}")
+        finally:
+            self.core.close()

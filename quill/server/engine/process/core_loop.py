@@ -4,7 +4,8 @@ The same code serves the engine thread (`AsyncEngine`) and the engine process (`
 requests and aborts are applied between steps, a step's outputs come back as (request id, item)
 pairs to deliver, and a step that raises fails only the requests it was running (their cache is
 freed and rebuilt) while the loop goes on serving the rest, unless the device itself is lost
-(faults.py): then the step raises DeviceLostError and the loop must stop.
+(faults.py), or a rank of a tensor-parallel group (parallel/driver.py): then the step raises DeviceLostError and
+the loop must stop.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class CoreLoop:
                 self.threads.after_step(self.core.last_step)
         except Exception as e:  # a fault in the model (CUDA out of memory included) must not take the server down
             log.exception("engine step failed")
+            if isinstance(e, DeviceLostError):  # the model says so itself (a tensor-parallel group that broke)
+                raise
             if device_lost(self.core.loaded.device):
                 raise DeviceLostError(f"{self.core.loaded.device} can run nothing more after "
                                       f"{type(e).__name__}: {e}; the server must be restarted") from e
@@ -77,5 +80,5 @@ class CoreLoop:
             outs = [CompletionOutput(i, "", [], None, "error") for i in range(group.params.n)]
             failed.append((group.request_id,
                            RequestOutput(group.request_id, outs, True, len(group.prompt_token_ids), error=message)))
-        self.core.cache.reset()
+        self.core.reset_cache()
         return failed

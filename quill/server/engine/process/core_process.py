@@ -21,11 +21,11 @@ import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from quill.models.loading.checkpoint import load_checkpoint
 from quill.models.loading.location import ModelLocation
 
 from ..core import EngineConfig, EngineCore
 from .core_loop import CoreLoop
+from ..parallel.launch import load_engine_model
 from ..cpu_threads import step_threads
 from ..faults import DeviceLostError
 from .messages import DOWN, CoreInfo, Failed, MessageKind, Ready, Refusal, StepOutputs
@@ -55,7 +55,7 @@ def run_core_process(conn: Connection, up: Connection, spec: CoreSpec) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     writer = MessageWriter(up.fileno())
     try:
-        loaded = load_checkpoint(spec.path, name=spec.name, **spec.load_options)
+        loaded = load_engine_model(spec.path, spec.engine_config.parallel, name=spec.name, **spec.load_options)
         core = EngineCore(loaded, spec.engine_config)
     except Exception as e:  # CheckpointError, a bad device or dtype, out of memory: all told to the API process
         writer.send([Failed(str(e) or type(e).__name__)])
@@ -71,6 +71,8 @@ def run_core_process(conn: Connection, up: Connection, spec: CoreSpec) -> None:
         log.error("%s", e)
         writer.send([Failed(str(e))])
         sys.exit(1)
+    finally:
+        core.close()
 
 
 def _serve(requests: MessageReader, writer: MessageWriter, loop: CoreLoop) -> None:

@@ -18,6 +18,7 @@ import threading
 import time
 
 from ..core import EngineStats
+from ..faults import EngineStartError
 from .core_process import CoreSpec, run_core_process
 from .frontend import EngineFrontend
 from .messages import UP, AbortRequest, AddRequest, CoreInfo, Failed, Message, MessageKind, Stop
@@ -26,10 +27,6 @@ from .wire import MessageReader, MessageWriter
 log = logging.getLogger("quill.engine")
 
 STOP_POLL_SECONDS = 0.1  # while the engine process loads, how often start() looks whether the server is stopping
-
-
-class EngineStartError(RuntimeError):
-    """The engine process could not load its model (the message says why) or did not start."""
 
 
 class EngineStartCancelled(EngineStartError):
