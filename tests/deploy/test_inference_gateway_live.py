@@ -124,7 +124,14 @@ def test_gauges_follow_the_load(server):
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
         assert not errors and not any(t.is_alive() for t in threads)
-        after = scrape(client)
+        settled = time.monotonic() + 5  # the gauges are the engine's last snapshot: the step after the last answer
+        while True:
+            after = scrape(client)
+            idle_again = (gauge(after, "quill_num_requests_waiting"), gauge(after, "quill_num_requests_running"),
+                          gauge(after, "quill_cache_usage_ratio")) == (0, 0, 0)
+            if idle_again or time.monotonic() > settled:
+                break
+            time.sleep(0.05)
     waiting, running, usage = zip(*seen)
     assert max(waiting) >= 1, "the batch was full: requests waited"
     assert max(running) == MAX_NUM_SEQS

@@ -13,26 +13,16 @@ What each kind of model reports:
   sizes its index from its own configuration).
 - Every model: `enable_prefix_caching`.
 
-The engine tells the API process about its cache in words only (`describe_cache()`, the load log's; from an
-engine process, `CoreInfo.cache_description`), so the K,V block count is read from those words.
-tests/server/api/test_cache_config_info.py pins the wording, so a change of it fails there rather than dropping
-the label in silence.
+The engine says how many K,V blocks it holds (`num_kv_blocks`; from an engine process, through `CoreInfo`).
 """
 
 from __future__ import annotations
-
-import re
-
-# KVBlocks.describe (engine/cache/state_kinds.py): "<tokens> tokens of K,V in blocks of <block_size>, attention ..."
-_KV_BLOCKS = re.compile(r"\b(\d+) tokens of K,V in blocks of (\d+)\b")
 
 
 def cache_config_labels(engine) -> dict[str, str]:
     """The info labels of one model's engine (an EngineFrontend, started), values as strings."""
     cache = engine.config.cache
     labels = {"block_size": str(cache.block_size), "enable_prefix_caching": str(cache.enable_prefix_caching)}
-    kv = _KV_BLOCKS.search(engine.describe_cache())
-    if kv is not None:
-        tokens, block_size = int(kv.group(1)), int(kv.group(2))
-        labels.update(block_size=str(block_size), num_gpu_blocks=str(tokens // block_size))
+    if engine.num_kv_blocks is not None:
+        labels["num_gpu_blocks"] = str(engine.num_kv_blocks)
     return labels

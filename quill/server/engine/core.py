@@ -154,6 +154,10 @@ class EngineCore:
     def cache_bytes(self) -> int:
         return self.layout.num_bytes
 
+    @property
+    def num_kv_blocks(self) -> int | None:
+        return self.layout.num_kv_blocks
+
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     encoder_token_ids: list[int] | None = None, forced_token_ids: list[int] | None = None) -> None:
         """Queue a request; raises QueueFullError when the waiting queue is at its bound. An encoder-decoder model's

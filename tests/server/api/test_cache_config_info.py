@@ -1,6 +1,5 @@
 """quill_cache_config_info in process: each model's labels match its engine's real cache (K,V blocks for the
-Transformer, none for the LSTM and the gated CNN), and the engine's description that the block count is read
-from keeps the wording the reader expects."""
+Transformer, none for the LSTM and the gated CNN)."""
 
 from __future__ import annotations
 
@@ -12,26 +11,19 @@ from quill.server.api.cache_config_info import cache_config_labels
 from quill.server.engine import CacheConfig
 
 
-def _engine(description: str, block_size: int = 16, enable_prefix_caching: bool = True):
+def _engine(num_kv_blocks: int | None, block_size: int = 16, enable_prefix_caching: bool = True):
     config = SimpleNamespace(cache=CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching))
-    return SimpleNamespace(config=config, describe_cache=lambda: description)
+    return SimpleNamespace(config=config, num_kv_blocks=num_kv_blocks)
 
 
-def test_kv_blocks_are_counted_from_the_engines_words():
-    engine = _engine("state slots of 0.01 MiB for 4 sequences and 8 prefix snapshots; "
-                     "2048 tokens of K,V in blocks of 16, attention sdpa")
-    assert cache_config_labels(engine) == {"block_size": "16", "num_gpu_blocks": "128",
-                                           "enable_prefix_caching": "True"}
+def test_kv_blocks_are_the_engines_count():
+    assert cache_config_labels(_engine(128)) == {"block_size": "16", "num_gpu_blocks": "128",
+                                                 "enable_prefix_caching": "True"}
 
 
 def test_a_state_model_reports_no_blocks():
-    engine = _engine("state slots of 0.01 MiB for 4 sequences and 8 prefix snapshots", enable_prefix_caching=False)
+    engine = _engine(None, enable_prefix_caching=False)
     assert cache_config_labels(engine) == {"block_size": "16", "enable_prefix_caching": "False"}
-
-
-def test_an_encoder_decoder_counts_its_decoders_blocks():
-    engine = _engine("512 rows of encoder output in blocks of 16; 1024 tokens of K,V in blocks of 16, attention sdpa")
-    assert cache_config_labels(engine)["num_gpu_blocks"] == "64"
 
 
 def _kv_blocks(engine) -> int | None:

@@ -35,6 +35,10 @@ class RecordingFrontend(EngineFrontend):
     def cache_bytes(self) -> int:
         return 0
 
+    @property
+    def num_kv_blocks(self) -> int | None:
+        return None
+
     def describe_cache(self) -> str:
         return "none"
 

@@ -38,7 +38,7 @@ def trip(pipe, kinds, messages: list) -> list:
 
 def test_every_message_kind_is_an_enum_member_and_names_its_type():
     messages = [AddRequest("r", [1], SamplingParams()), AbortRequest("r"), Stop(),
-                Ready(CoreInfo("cpu", "float32", 1, "x")), Failed("why"), StepOutputs([], EngineStats(), 0)]
+                Ready(CoreInfo("cpu", "float32", 1, "x", 7)), Failed("why"), StepOutputs([], EngineStats(), 0)]
     kinds = [m.kind for m in messages]
     assert all(type(k) is MessageKind for k in kinds)
     assert kinds == [MessageKind.ADD, MessageKind.ABORT, MessageKind.STOP, MessageKind.READY, MessageKind.FAILED,

@@ -288,3 +288,9 @@ class StateLayout:
 
     def describe(self) -> str:
         return "; ".join(kind.describe(self.tensors(kind)) for kind in self.kinds)
+
+    @property
+    def num_kv_blocks(self) -> int | None:
+        """The K,V blocks sequences can use (not the scratch block); None for a model that keeps none."""
+        kv = self._by_part.get("kv")
+        return None if kv is None else kv.num_blocks

@@ -41,6 +41,10 @@ class AsyncEngine(EngineFrontend):
     def cache_bytes(self) -> int:
         return self.core.cache_bytes
 
+    @property
+    def num_kv_blocks(self) -> int | None:
+        return self.core.num_kv_blocks
+
     def describe_cache(self) -> str:
         return self.core.describe_cache()
 

@@ -62,7 +62,7 @@ def run_core_process(conn: Connection, up: Connection, spec: CoreSpec) -> None:
         return
     threads = step_threads(loaded.device, spec.threads)
     writer.send([Ready(CoreInfo(str(loaded.device), str(loaded.dtype).removeprefix("torch."), core.cache_bytes,
-                                core.describe_cache()))])
+                                core.describe_cache(), core.num_kv_blocks))])
     try:
         _serve(MessageReader(conn.fileno(), DOWN), writer, CoreLoop(core, threads))
     except (EOFError, BrokenPipeError, ConnectionResetError):

@@ -58,6 +58,11 @@ class EngineFrontend(ABC):
     def cache_bytes(self) -> int:
         """What the model's cache reserved on its device."""
 
+    @property
+    @abstractmethod
+    def num_kv_blocks(self) -> int | None:
+        """The K,V blocks its sequences can use; None for a model that keeps none (or before it loaded)."""
+
     @abstractmethod
     def describe_cache(self) -> str:
         """The cache in words, for the load log: what it holds, in what blocks or slots."""

@@ -63,6 +63,7 @@ class CoreInfo(msgspec.Struct, array_like=True, gc=False):
     dtype: str
     cache_bytes: int
     cache_description: str
+    num_kv_blocks: int | None  # None: the model keeps no K,V blocks
 
 
 class Ready(Message, tag=int(MessageKind.READY)):

@@ -57,6 +57,10 @@ class ProcessEngine(EngineFrontend):
     def cache_bytes(self) -> int:
         return self.info.cache_bytes if self.info else 0
 
+    @property
+    def num_kv_blocks(self) -> int | None:
+        return self.info.num_kv_blocks if self.info else None
+
     def describe_cache(self) -> str:
         return self.info.cache_description if self.info else "not loaded"
 
