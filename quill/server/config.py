@@ -15,7 +15,8 @@ from quill.server.api.openai.tool_calls.registry import TOOL_CALL_FORMATS
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")  # uvicorn's names
 HTTP_PARSERS = ("auto", "h11", "httptools")
 # The bundled models (quill/models/checkpoints/, trained by `quill train`); the first is the default
-DEFAULT_MODELS = ["shakespeare-transformer", "shakespeare-lstm", "shakespeare-gcnn"]  # the first is the default
+DEFAULT_MODELS = ["shakespeare-transformer", "shakespeare-lstm", "shakespeare-gcnn", "shakespeare-char-lstm",
+                  "shakespeare-restore-transformer", "shakespeare-restore-fconv", "shakespeare-restore-lstm"]
 
 
 @dataclass

@@ -210,8 +210,7 @@ def test_picker_reads_only_metrics_quill_exports():
 
 def test_picker_reads_the_cache_labels_quill_sets():
     engine = picker_engine_config(yaml.safe_load(PICKER_CONFIG.read_text()))
-    kv_engine = SimpleNamespace(config=SimpleNamespace(cache=CacheConfig(block_size=16)),
-                                describe_cache=lambda: "4096 tokens of K,V in blocks of 16, attention sdpa")
+    kv_engine = SimpleNamespace(config=SimpleNamespace(cache=CacheConfig(block_size=16)), num_kv_blocks=256)
     labels = cache_config_labels(kv_engine)
     assert labels[engine["cacheBlockSizeLabelName"]] == "16"
     assert labels[engine["cacheNumBlocksLabelName"]] == "256"

@@ -204,11 +204,16 @@ def test_trainer_stops_at_its_wall_clock_budget():
 # Recipes and the whole pipeline, with the real architectures at toy sizes
 
 
+VOCAB_BY_TASK = {"language-model": 4096, "byte-language-model": 257, "restoration": 3000}
+
+
 @pytest.mark.parametrize("recipe", DEFAULT_RECIPES, ids=lambda recipe: recipe.name)
 def test_default_recipes_build_their_architecture_at_a_shippable_size(recipe):
     config_class, model_class = ARCHITECTURES[recipe.architecture]
+    vocab_size = VOCAB_BY_TASK[recipe.task]
+    sizes = {"source_vocab_size": vocab_size} if recipe.architecture == "rnn_seq2seq" else {}
     with torch.device("meta"):
-        model = model_class(config_class(vocab_size=4096, **recipe.model))
+        model = model_class(config_class(vocab_size=vocab_size, **sizes, **recipe.model))
     assert 2_000_000 <= count_parameters(model) <= 6_000_000  # a few MB in float16
     assert getattr(model.config, "max_seq_len", recipe.training.context) >= recipe.training.context
 

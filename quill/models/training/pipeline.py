@@ -73,8 +73,8 @@ def build_model(recipe: Recipe, vocab_size: int, seed: int) -> torch.nn.Module:
     model = model_class(config_class(vocab_size=vocab_size, **recipe.model))
     if hasattr(model, "init_weights"):  # the architecture's own from-scratch initialisation
         model.init_weights()
-    else:
-        shrink_embeddings(model)
+    elif recipe.embedding_std is not None:
+        shrink_embeddings(model, recipe.embedding_std)
     return model
 
 

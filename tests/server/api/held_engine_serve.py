@@ -22,7 +22,7 @@ def _never_loads(*args, **kwargs):
 if __name__ in ("__main__", "__mp_main__"):
     from quill.server.engine.process import core_process
 
-    core_process.load_checkpoint = _never_loads
+    core_process.load_engine_model = _never_loads  # what an engine process loads its model with
 
 if __name__ == "__main__":
     from quill.cli import main
