@@ -62,12 +62,17 @@ TINY_CONFIGS = {
 
 
 @pytest.fixture(scope="session", autouse=True)
-def cpu_attention_kernel():
-    """The CPU attention kernel built before the first test (about 30 s on a fresh machine, then cached), not
-    inside a test that waits on a server with a deadline; its reason where it cannot build."""
-    from quill.models.attention.cpu_kernel import kernel
+def cpu_kernels():
+    """The CPU's C++ kernels (attention, state steps) built before the first test, side by side (about 30 s on a
+    fresh machine, then cached), not inside a test that waits on a server with a deadline; for each, the module or
+    the reason it cannot build."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    return kernel()
+    from quill.models.attention.cpu_kernel import kernel
+    from quill.models.kernels.cpu_state_steps import steps
+
+    with ThreadPoolExecutor(2) as pool:  # each build is a compiler process: threads overlap them
+        return list(pool.map(lambda build: build(), [kernel, steps]))
 
 
 @pytest.fixture(scope="session")

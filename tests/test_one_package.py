@@ -50,7 +50,8 @@ def test_the_wheel_holds_the_quill_package_alone(tmp_path):
         names = z.namelist()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"quill"}
     # what the server needs besides code comes with it: the bundled checkpoints, the playground page, the source
-    # of the CPU attention kernel (built on the machine that runs it)
+    # of the CPU's C++ kernels (built on the machine that runs them)
     assert any(n.startswith("quill/models/checkpoints/shakespeare-lstm/") for n in names)
     assert "quill/server/api/playground/playground.js" in names
     assert "quill/models/attention/cpu_paged_decode.cpp" in names
+    assert "quill/models/kernels/cpu_state_steps.cpp" in names

@@ -4,7 +4,11 @@ The ops are RMSNorm (alone, and fused with the residual add before it), RoPE on 
 MLP's activation and the linear layers. "torch" runs them as eager PyTorch (any device; the reference);
 "onednn" is torch's with linear layers over weights packed once for oneDNN (the CPU default); "triton"
 fuses each small op into one kernel (the CUDA default). Like the attention backends
-(quill/models/attention), the model never looks at the device: it calls the ops object it was given.
+(quill/models/attention), the model never looks at the device: it calls the ops object it was given. The other
+families' linear modules run through the same ops (ops_linear.py).
+
+The state families' steps have kernels of their own, per device (`fused_state_steps`): Triton on CUDA
+(state_steps.py), C++ on the CPU (cpu_state_steps.py).
 """
 
 from __future__ import annotations
@@ -64,9 +68,15 @@ def select_layer_ops(name: str, device: torch.device | str) -> LayerOps:
 
 
 def fused_state_steps(state: torch.Tensor):
-    """The state families' fused decode steps (state_steps.py) for a float32 `state` on CUDA, else None: the
-    caller runs its eager step."""
-    if state.device.type != "cuda" or state.dtype != torch.float32 or not _HAS_TRITON:
+    """The state families' fused steps for a float32 `state`: on CUDA the Triton kernels (state_steps.py), on the
+    CPU the C++ ones (cpu_state_steps.py) where they build; else None, and the caller runs its eager step."""
+    if state.dtype != torch.float32:
+        return None
+    if state.device.type == "cpu":
+        from . import cpu_state_steps
+
+        return cpu_state_steps if not isinstance(cpu_state_steps.steps(), str) else None
+    if state.device.type != "cuda" or not _HAS_TRITON:
         return None
     from . import state_steps
 

@@ -21,6 +21,7 @@ from torch import nn
 from ..attention import select_attention_backend
 from ..families.registry import ARCHITECTURES
 from ..kernels import select_layer_ops
+from ..kernels.ops_linear import route_linears
 from ..state import holds_kv
 from ..text.tokenizer import Tokenizer
 from ..text.tokenizer_config import read_tokenizer_config
@@ -204,8 +205,9 @@ def load_checkpoint(
     `attention_backend`: how a Transformer's steps read its paged cache, a key of
     models.attention.ATTENTION_BACKENDS or "auto" (the device's default); checked here, so a
     backend that cannot run on the device fails the load.
-    `layer_ops`: how a Transformer's steps run norms, RoPE and the gated activation, a key of
-    models.kernels.LAYER_OPS or "auto" (fused Triton kernels on CUDA, oneDNN linears on the CPU).
+    `layer_ops`: how a Transformer's steps run norms, RoPE, the gated activation and linear layers (the other
+    families: their linear layers), a key of models.kernels.LAYER_OPS or "auto" (fused Triton kernels on CUDA,
+    oneDNN linears on the CPU).
     `weights`: False loads everything but the weights (the model stays on the meta device): for a
     process that tokenizes and validates while another process runs the model.
     `revision`: for a hub id, the branch, tag or commit (or a unique prefix of a cached one) to
@@ -270,9 +272,11 @@ def load_checkpoint(
             model.load_state_dict(read_weights(tensors, sources, shapes, dtype, device, label=name),
                                   strict=True, assign=True)
     model.eval().requires_grad_(False)
-    if holds_kv(model):  # only models with attention layers have an attention backend and layer ops to choose
+    ops = select_layer_ops(layer_ops, device)
+    route_linears(model, ops)  # the families that call their linear modules run them through the ops too
+    if holds_kv(model):  # only models with attention layers have an attention backend to choose
         model.attention_backend = select_attention_backend(attention_backend, device).name
-        model.layer_ops = select_layer_ops(layer_ops, device)
+        model.layer_ops = ops
     return LoadedModel(
         name=name, path=path, architecture=architecture, model=model, tokenizer=tokenizer,
         eos_token_ids=eos_ids, device=device, dtype=dtype, metadata=metadata, model_id=location.model_id,

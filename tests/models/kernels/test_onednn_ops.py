@@ -91,3 +91,24 @@ def test_an_activation_fused_into_the_product_equals_it_applied_after(activation
         fused = ops.linear_act(x, weight, bias, activation)
         assert ops.is_packed(weight)
         torch.testing.assert_close(fused, ACTIVATIONS[activation](F.linear(x, weight, bias)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("key, called", [("lstm", ["proj"]), ("gcnn", ["in_proj", "out_proj"])])
+def test_other_families_run_their_linear_modules_through_the_layer_ops(key, called, tmp_path, tiny_tokenizer):
+    """load_checkpoint routes a family's own nn.Linear modules through the CPU's ops: the same parameter names and
+    tensors, the weights packed once used, the same logits as the modules called directly."""
+    from quill.models.kernels.ops_linear import OpsLinear
+    from quill.models.loading.checkpoint import load_checkpoint
+    from quill.models.loading.saving import save_checkpoint
+
+    arch, reference = build_tiny_model(key, tiny_tokenizer.vocab_size, device="cpu")
+    save_checkpoint(tmp_path, arch, reference, tiny_tokenizer, dtype=torch.float32)
+    loaded = load_checkpoint(tmp_path, device="cpu", dtype="float32", layer_ops="onednn")
+    linears = [m for m in loaded.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is OpsLinear for m in linears)
+    assert set(loaded.model.state_dict()) == set(reference.state_dict())
+    tokens = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded.model(tokens), reference(tokens), atol=1e-5, rtol=1e-5)
+    ops = linears[0].ops
+    assert ops.name == "onednn" and all(ops.is_packed(getattr(loaded.model, name).weight) for name in called)

@@ -1,14 +1,15 @@
-"""The state families' fused decode steps (quill/models/kernels/state_steps.py) against their eager references: the same
-outputs, the same new state in the rows' slots, every other slot untouched. Odd sizes (not powers of two, more
-than one block), slots out of order, state tensors that are one layer's view of all layers as the models pass them.
-On the CPU the kernels run in the Triton interpreter; on a GPU they are compiled."""
+"""The state families' fused steps against their eager references: the same outputs, the same new state in the rows'
+slots, every other slot untouched. Odd sizes (not powers of two, more than one block), slots out of order, state
+tensors that are one layer's view of all layers as the models pass them. Two implementations of the same calls:
+the Triton kernels (quill/models/kernels/state_steps.py; on the CPU they run in the Triton interpreter, on a GPU
+compiled) and the CPU's C++ kernels (cpu_state_steps.py), which run on the CPU only."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
-
-pytest.importorskip("triton", reason="needs the triton package (the test extra installs it on Linux x86-64)")
 
 from quill.models.families import mlstm  # noqa: E402
 from quill.models.families.mamba_scan import scan_step, selective_scan  # noqa: E402
@@ -19,11 +20,30 @@ SLOTS = [4, 0, 2]  # three rows in slots out of order; slots 1, 3 and 5 belong t
 NUM_SLOTS, LAYERS, LAYER = 6, 3, 1
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    from quill.models.kernels import state_steps
+IMPLEMENTATIONS = ["triton", "cpu"]
 
-    return state_steps
+
+def kernel_module(name: str):
+    """The kernels called `name`, or a skip saying why they cannot run here."""
+    if name == "triton":
+        pytest.importorskip("triton", reason="needs the triton package (the test extra installs it on Linux x86-64)")
+        from quill.models.kernels import state_steps
+
+        return state_steps
+    if KERNEL_DEVICE.type != "cpu":
+        pytest.skip("the C++ kernels run on the CPU")
+    from quill.models.kernels import cpu_state_steps
+
+    built = cpu_state_steps.steps()
+    if isinstance(built, str) and shutil.which("g++") is None:
+        pytest.skip(f"no C++ compiler: the CPU state-step kernels {built}")
+    assert not isinstance(built, str), built  # with a compiler, a failed build is a failure
+    return cpu_state_steps
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def kernels(request):
+    return kernel_module(request.param)
 
 
 def randn(*shape, seed, scale=1.0):
@@ -121,11 +141,12 @@ TINY_MODELS = {
 }
 
 
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("arch", list(TINY_MODELS))
-def test_a_models_decode_steps_through_the_kernels_match_its_eager_steps(arch, monkeypatch):
+def test_a_models_decode_steps_through_the_kernels_match_its_eager_steps(arch, implementation, monkeypatch):
     """The model routes its decode steps (and Mamba-1 its prompts) to the kernels: prompts of three lengths in slots
-    out of order, then decode steps; the logits and every slot's state match the eager model's. (On the CPU the router
-    offers the kernels only on CUDA; here it is told to offer them, and they run in the interpreter.)"""
+    out of order, then decode steps; the logits and every slot's state match the eager model's. (The router offers
+    the Triton kernels only on CUDA; here it is told to offer them, and on the CPU they run in the interpreter.)"""
     from quill.models import kernels as kernel_router
     from quill.models.batch import StepBatch
     from quill.models.families.registry import ARCHITECTURES
@@ -136,6 +157,7 @@ def test_a_models_decode_steps_through_the_kernels_match_its_eager_steps(arch, m
     prompts = [[3, 9, 27, 4, 1], [7, 7], [12, 30, 2]]
     where = dict(slots=SLOTS, device=KERNEL_DEVICE)
 
+    module = kernel_module(implementation)
     offered = []  # layers the router sent to the kernels
 
     def run(fused: bool) -> tuple[list[torch.Tensor], dict]:
@@ -143,7 +165,7 @@ def test_a_models_decode_steps_through_the_kernels_match_its_eager_steps(arch, m
             if not fused:
                 return None
             offered.append(state.shape)
-            return state_steps_module()
+            return module
 
         monkeypatch.setattr(kernel_router, "fused_state_steps", router)
         state = model.new_state(NUM_SLOTS)
@@ -166,7 +188,10 @@ def test_a_models_decode_steps_through_the_kernels_match_its_eager_steps(arch, m
         torch.testing.assert_close(fused_state[name], eager_state[name], atol=1e-5, rtol=1e-5)
 
 
-def state_steps_module():
-    from quill.models.kernels import state_steps
 
-    return state_steps
+def test_the_router_offers_the_cpu_kernels_for_a_float32_state_on_the_cpu():
+    from quill.models import kernels as kernel_router
+
+    module = kernel_module("cpu")
+    assert kernel_router.fused_state_steps(torch.zeros(2, 3, 4)) is module
+    assert kernel_router.fused_state_steps(torch.zeros(2, 3, 4, dtype=torch.float64)) is None  # tests' float64 path
