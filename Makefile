@@ -45,8 +45,11 @@ constraints:
 serve: $(STAMP)
 	$(VENV)/bin/quill serve
 
+# Two test processes (pytest-xdist), each test file in one of them: most live-server tests wait on their servers.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache
