@@ -122,17 +122,22 @@ class MambaMixer(nn.Module):
         outputs u, (T, d_inner) float32, before the gate; the part's slots of this layer updated in place."""
         c = self.config
         where = (part.slots, layer)
-        # (R, d_inner, d_conv - 1 + Q): the window then the part's inputs, right-padded with zeros
-        inputs = part.slide_windows(state["conv"], where, part.pad(u).transpose(1, 2), dim=-1)
-        conv = F.silu(F.conv1d(inputs, self.conv1d.weight, self.conv1d.bias, groups=c.d_inner)).transpose(1, 2)
-        u = part.unpad(conv)  # (T, d_inner)
+        fused = kernels.fused_state_steps(state["ssm"])
+        # the CPU's kernels also convolve a decode step in its windows (on CUDA the eager convolution serves)
+        conv_step = getattr(fused, "conv_step_", None) if part.max_query_len == 1 else None
+        if conv_step is not None and state["conv"].dtype == torch.float32:
+            u = conv_step(state["conv"][:, layer], part.slots, u, self.conv1d.weight.squeeze(1), self.conv1d.bias)
+        else:
+            # (R, d_inner, d_conv - 1 + Q): the window then the part's inputs, right-padded with zeros
+            inputs = part.slide_windows(state["conv"], where, part.pad(u).transpose(1, 2), dim=-1)
+            conv = F.silu(F.conv1d(inputs, self.conv1d.weight, self.conv1d.bias, groups=c.d_inner)).transpose(1, 2)
+            u = part.unpad(conv)  # (T, d_inner)
         dt, B, C = self.x_proj(u).split([c.dt_rank, c.d_state, c.d_state], dim=-1)
         if c.bcdt_norm:  # Falcon-Mamba: weightless, in float32, back to the model's dtype
             dt, B, C = (rms_normalise(t, c.mixer_norm_eps).type_as(t) for t in (dt, B, C))
         dt = F.softplus(self.dt_proj(dt).float())  # (T, d_inner)
         A = -torch.exp(self.A_log.float())  # (d_inner, d_state)
         u32, B, C = u.float(), B.float(), C.float()
-        fused = kernels.fused_state_steps(state["ssm"])
         if fused is not None:  # one read and one write of each slot's state, where it lies
             if part.max_query_len == 1:
                 y = fused.mamba_step_(state["ssm"][:, layer], part.slots, u32, dt, A, B, C)

@@ -108,6 +108,50 @@ torch::Tensor mamba_scan(torch::Tensor state, torch::Tensor slots, torch::Tensor
   return y;
 }
 
+// Mamba-1's convolution for one token per row, with its SiLU: window (S, d, K - 1) (a layer's view of every slot,
+// oldest input first); slots (R,); x (R, d); weight (d, K); bias (d,) or empty -> y (R, d) =
+// silu(bias + weight . [window, x]) per channel; each window slides in place, x its newest input.
+torch::Tensor conv_step(torch::Tensor window, torch::Tensor slots, torch::Tensor x, torch::Tensor weight,
+                        torch::Tensor bias) {
+  check_state(window, "the window");
+  slots = slots.to(torch::kLong).contiguous();
+  x = f32(x), weight = f32(weight);
+  const bool has_bias = bias.numel() > 0;
+  if (has_bias) bias = f32(bias);
+  const int64_t R = x.size(0), D = x.size(1), K1 = window.size(2), K = weight.size(1);
+  TORCH_CHECK(window.size(1) == D && weight.size(0) == D && K == K1 + 1, "window, input and weight disagree");
+  auto y = torch::empty_like(x);
+  float* W = window.data_ptr<float>();
+  const int64_t w0 = window.stride(0), w1 = window.stride(1);
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const float *X = x.data_ptr<float>(), *WT = weight.data_ptr<float>();
+  const float* BS = has_bias ? bias.data_ptr<float>() : nullptr;
+  float* Y = y.data_ptr<float>();
+  at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* out = Y + r * D;
+      for (int64_t d = 0; d < D; ++d) {
+        float* past = W + slot[r] * w0 + d * w1;
+        const float* w = WT + d * K;
+        const float now = X[r * D + d];
+        float acc = has_bias ? BS[d] : 0.f;
+        for (int64_t k = 0; k < K1; ++k) acc += w[k] * past[k];
+        acc += w[K1] * now;
+        for (int64_t k = 0; k + 1 < K1; ++k) past[k] = past[k + 1];
+        if (K1 > 0) past[K1 - 1] = now;
+        out[d] = acc;
+      }
+      int64_t d = 0;
+      for (; d + 8 <= D; d += 8) {  // silu(a) = a sigmoid(a), from exp(-|a|) <= 1 on either side of 0
+        const f8 a = load8(out + d), e = decay_exp8(a < 0.f ? a : -a), one = f8{} + 1.f;
+        store8(out + d, a * (a < 0.f ? e / (one + e) : one / (one + e)));
+      }
+      for (; d < D; ++d) out[d] = out[d] / (1.f + std::exp(-out[d]));
+    }
+  });
+  return y;
+}
+
 // Mamba-2's decode step: state (S, H, P, N); slots (R,); x (R, H, P); dt (R, H); A (H,); B, C (R, G, N)
 // -> y (R, H, P) = S C for each row's new state S = exp(dt A) S + dt x B^T, heads grouped G to a B and C.
 torch::Tensor ssd_step(torch::Tensor state, torch::Tensor slots, torch::Tensor x, torch::Tensor dt,
@@ -204,6 +248,7 @@ std::vector<torch::Tensor> mlstm_step(torch::Tensor C, torch::Tensor n, torch::T
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("mamba_scan", &mamba_scan, "Mamba-1's scan from each row's slot, in place (CPU)");
+  module.def("conv_step", &conv_step, "Mamba-1's convolution and SiLU for one token, windows slid in place (CPU)");
   module.def("ssd_step", &ssd_step, "Mamba-2's decode step in each row's slot (CPU)");
   module.def("mlstm_step", &mlstm_step, "the mLSTM's decode step in each row's slot (CPU)");
 }

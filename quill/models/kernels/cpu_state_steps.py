@@ -46,6 +46,15 @@ def mamba_step_(state: torch.Tensor, slots: torch.Tensor, u: torch.Tensor, dt: t
     return mamba_scan_(state, slots, u[:, None], dt[:, None], A, B[:, None], C[:, None])[:, 0]
 
 
+def conv_step_(window: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """Mamba-1's depthwise causal convolution and its SiLU for one token per row: window (S, d, K - 1), a
+    layer's view of every slot, oldest input first; x (R, d); weight (d, K); bias (d,) or None -> (R, d). Each
+    row's window slides in place, x its newest input. (The CPU's alone: on CUDA the eager path serves.)"""
+    _check(window)
+    return steps().conv_step(window, slots, x, weight, torch.empty(0) if bias is None else bias)
+
+
 def ssd_step_(state: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
               B: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
     """state (S, h, p, n) float32, one layer's slots; slots (R,); x (R, h, p); dt (R, h); A (h,); B, C (R, g, n)

@@ -92,6 +92,23 @@ def test_mamba_scan_matches_the_eager_scan_and_padding_is_inert(kernels):
     torch.testing.assert_close(state[SLOTS[1], LAYER], after_three[0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_cpu_convolution_step_matches_conv1d_and_slides_the_windows(bias):
+    """Mamba-1's decode convolution (the C++ kernels alone have it): silu(conv1d) over each row's window then its
+    input, 21 channels (two vectors of eight and a remainder), and each window moved on by one input."""
+    kernels = kernel_module("cpu")
+    rows, d, k = len(SLOTS), 21, 4
+    window = randn(NUM_SLOTS, LAYERS, d, k - 1, seed=0)
+    before = window.clone()
+    x, weight = randn(rows, d, seed=1), randn(d, k, seed=2)
+    b = randn(d, seed=3) if bias else None
+    y = kernels.conv_step_(window[:, LAYER], slots(), x, weight, b)
+    inputs = torch.cat([before[slots(), LAYER], x[:, :, None]], dim=-1)  # (rows, d, k)
+    expected = torch.nn.functional.silu(torch.nn.functional.conv1d(inputs, weight[:, None], b, groups=d))[..., 0]
+    torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
+    check_state(window, before, inputs[..., 1:])
+
+
 @pytest.mark.parametrize("groups", [1, 2])
 def test_ssd_step_matches_the_eager_step(kernels, groups):
     rows, heads, p, n = len(SLOTS), 4, 24, 12  # sizes that are not powers of two: masked lanes
