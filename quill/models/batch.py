@@ -91,6 +91,22 @@ class StepBatch:
         """Whether `pad` adds padding: some sequence brings fewer tokens than the longest."""
         return min(self.query_lens) < self.max_query_len
 
+    def window_index(self, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A convolution's windows over packed tokens, without padding: indices into the rows [each sequence's
+        `keep` earlier inputs (B * keep rows, sequence by sequence, oldest first), then the packed new inputs (T)].
+        Returns (T, keep + 1) each new token's window, oldest first, and (B, keep) each sequence's last `keep`
+        inputs (its window for the next step)."""
+        device = self.token_ids.device
+        history = torch.arange(self.num_seqs, device=device)[:, None] * keep + keep  # one past each window's end
+        offsets = torch.arange(-keep, 1, device=device)
+        start = self.seq_starts[self.seq_of_token][:, None]
+        at = torch.arange(self.num_tokens, device=device)[:, None] - start + offsets  # among its new tokens
+        new = self.num_seqs * keep + start
+        windows = torch.where(at >= 0, new + at, history[self.seq_of_token] + at)
+        at = self.lens[:, None] + offsets[:-1]
+        ends = torch.where(at >= 0, self.num_seqs * keep + self.seq_starts[:, None] + at, history + at)
+        return windows, ends
+
     def last_inputs(self, inputs: torch.Tensor, keep: int, dim: int = 1) -> torch.Tensor:
         """`inputs` (B, ...) holding along `dim` each sequence's `keep` earlier inputs then its new ones, right-padded
         to max_query_len -> each sequence's last `keep` real inputs (a convolution's window for its next step).

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..batch import StepBatch, run_by_parts, split_decodes
+from ..batch import StepBatch
 from ..state import SlotState
 
 
@@ -60,18 +60,25 @@ class GatedConv(nn.Module):
         out = F.glu(self.conv(full.transpose(1, 2)), dim=1)
         return out.transpose(1, 2), full
 
-    def step(self, x: torch.Tensor, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` for serving: each output position's k inputs as one row of a matrix product.
+    def step(self, x: torch.Tensor, history: torch.Tensor,
+             index: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` for serving, over packed tokens: x (T, C) a step's new inputs, history (B, k-1, C) each
+        sequence's window, `index` StepBatch.window_index(k-1) (None: one new token per sequence) -> (T, C), and
+        each sequence's next window (B, k-1, C).
 
-        A decode step has one position per sequence, a shape for which conv1d is 4-5x slower than
-        the same arithmetic as a matmul on a CPU (measured at 64 sequences); training keeps conv1d,
-        which is faster for long sequences and their backward pass.
+        Each position's k inputs are one row of a matrix product: a decode step has one position per sequence,
+        a shape for which conv1d is 4-5x slower than the same arithmetic as a matmul on a CPU (measured at 64
+        sequences); a prompt's positions are gathered without padding to the longest prompt of the step.
+        Training keeps conv1d, which is faster for long sequences and their backward pass.
         """
-        full = torch.cat([history, x], dim=1)  # (B, k-1+T, C)
-        batch, steps = x.shape[:2]
-        windows = full.unfold(1, self.window + 1, 1).reshape(batch, steps, -1)  # (B, T, C*k), conv weight order
-        out = F.linear(windows, self.conv.weight.reshape(self.conv.out_channels, -1), self.conv.bias)
-        return F.glu(out, dim=-1), full
+        if index is None:
+            full = torch.cat([history, x[:, None]], dim=1)  # (B, k, C)
+            inputs, window = full.transpose(1, 2).flatten(1), full[:, 1:]
+        else:
+            rows = torch.cat([history.flatten(0, 1), x])  # (B * (k-1) + T, C)
+            inputs, window = rows[index[0]].transpose(1, 2).flatten(1), rows[index[1]]  # (T, C * k): weight order
+        out = F.linear(inputs, self.conv.weight.reshape(self.conv.out_channels, -1), self.conv.bias)
+        return F.glu(out, dim=-1), window
 
 
 class ResidualBlock(nn.Module):
@@ -97,19 +104,16 @@ class GCNNLanguageModel(nn.Module):
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.drop = nn.Dropout(config.dropout)
 
-    def _run(self, x: torch.Tensor, histories: list[torch.Tensor],
-             serving: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """x (B, T, E) and each convolution's history -> (B, T, C) and each convolution's full input."""
+    def _run(self, x: torch.Tensor, histories: list[torch.Tensor]) -> torch.Tensor:
+        """x (B, T, E) from each convolution's history -> (B, T, C) (training and `forward`)."""
         h = self.drop(x if self.in_proj is None else self.in_proj(x))
-        inputs, i = [], 0
+        convs = iter(histories)
         for block in self.blocks:
             y = block.norm(h)
             for conv in block.convs:
-                y, full = conv.step(y, histories[i]) if serving else conv(y, histories[i])
-                inputs.append(full)
-                i += 1
+                y, _ = conv(y, next(convs))
             h = h + block.drop(y)
-        return self.norm(h), inputs
+        return self.norm(h)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.out_proj is not None:
@@ -121,8 +125,7 @@ class GCNNLanguageModel(nn.Module):
         """(B, T) token ids -> (B, T, V) logits, from an empty (zero-padded) history."""
         x = self.embed(tokens)
         zeros = x.new_zeros(tokens.shape[0], self.config.kernel_size - 1, self.config.d_model)
-        h, _ = self._run(x, [zeros] * self.config.n_convs)
-        return self._logits(h)
+        return self._logits(self._run(x, [zeros] * self.config.n_convs))
 
     def new_state(self, num_slots: int, dtype: torch.dtype | None = None) -> SlotState:
         c = self.config
@@ -132,19 +135,23 @@ class GCNNLanguageModel(nn.Module):
 
     @torch.inference_mode()
     def step(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
-        """Run the new tokens of each sequence after its window; slide the windows in place. Decode rows run apart
-        from prefill chunks (split_decodes), so that they are not padded to a chunk's length."""
-        h = run_by_parts(split_decodes(batch), lambda part, tokens: self._part(part, tokens, state), batch.token_ids)
+        """Run the new tokens of each sequence after its windows, packed (no padding to the longest prompt); slide
+        the windows in place."""
+        histories = state["window"][batch.slots]  # (B, n_convs, k-1, C)
+        index = None if batch.max_query_len == 1 else batch.window_index(self.config.kernel_size - 1)
+        x = self.embed(batch.token_ids)
+        h = x if self.in_proj is None else self.in_proj(x)
+        slid, i = [], 0
+        for block in self.blocks:
+            y = block.norm(h)
+            for conv in block.convs:
+                y, window = conv.step(y, histories[:, i], index)
+                slid.append(window)
+                i += 1
+            h = h + y
+        if histories.shape[2] > 0:
+            state["window"][batch.slots] = torch.stack(slid, dim=1)
+        h = self.norm(h)
         if batch.logits_indices is not None:
             h = h[batch.logits_indices]
         return self._logits(h)
-
-    def _part(self, part: StepBatch, token_ids: torch.Tensor, state: SlotState) -> torch.Tensor:
-        """A part's packed tokens -> their top hidden states (T, C); its slots' windows slid in place."""
-        windows = state["window"][part.slots]  # (B, n_convs, k-1, C)
-        x = part.pad(self.embed(token_ids))  # (B, Q, E), right-padded: pads never reach real positions
-        h, inputs = self._run(x, list(windows.unbind(1)), serving=True)
-        k1 = self.config.kernel_size - 1
-        if k1 > 0:  # each conv's new window: the k-1 inputs before each sequence's own end
-            state["window"][part.slots] = torch.stack([part.last_inputs(full, k1) for full in inputs], dim=1)
-        return part.unpad(h)
