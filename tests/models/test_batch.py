@@ -61,3 +61,17 @@ def test_slide_windows_reads_and_writes_the_parts_slots_in_the_states_dtype():
     inputs = batch.slide_windows(windows, batch.slots, batch.pad(batch.token_ids.float()))
     assert inputs.dtype == torch.float32 and inputs.tolist() == [[-5, -6, 11, 12, 13], [-1, -2, 21, 0, 0]]
     assert windows.dtype == torch.bfloat16 and windows.tolist() == [[-2, 21], [-3, -4], [12, 13]]
+
+
+def test_window_index_picks_each_tokens_window_from_its_history_and_the_packed_inputs():
+    """Rows: two earlier inputs per sequence (h<seq><i>), then the packed new inputs (n<seq><i>)."""
+    batch = StepBatch.build([[5, 6, 7], [8], [9, 10]], [4, 9, 0])
+    keep = 2
+    names = [f"h{b}{i}" for b in range(3) for i in range(keep)] + ["n00", "n01", "n02", "n10", "n20", "n21"]
+    windows, ends = batch.window_index(keep)
+    assert [[names[i] for i in row] for row in windows.tolist()] == [
+        ["h00", "h01", "n00"], ["h01", "n00", "n01"], ["n00", "n01", "n02"],
+        ["h10", "h11", "n10"],
+        ["h20", "h21", "n20"], ["h21", "n20", "n21"],
+    ]
+    assert [[names[i] for i in row] for row in ends.tolist()] == [["n01", "n02"], ["h11", "n10"], ["n20", "n21"]]
