@@ -1,8 +1,9 @@
 """A continuous-batching step that mixes one prefill chunk with many decodes, for each architecture with a slot
-state (LFM2's conv layers beside its attention included): the step as Quill runs it (decode rows apart from the
-chunk, `models.batch.split_decodes`) against the same step run as one part padded to the chunk's length (how the
-gated CNN, fconv, Mamba-2 and LFM2 ran it before), interleaved in one run. Both give the same logits; the ratio is
-what padding the decode rows cost.
+state that splits its steps (LFM2's conv layers beside its attention included): the step as Quill runs it (decode
+rows apart from the chunk, `models.batch.split_decodes`) against the same step run as one part padded to the
+chunk's length (how fconv, Mamba-2 and LFM2 ran it before), interleaved in one run. Both give the same logits; the
+ratio is what padding the decode rows cost. (The gated CNN, measured here before, now packs every step without
+padding: StepBatch.window_index.)
 
     python -m benchmarks.mixed_step [--chunk 256] [--decodes 31] [--repeats 5] [--threads 2] [--models ...]
                                     [--out FILE]
@@ -18,7 +19,7 @@ from unittest import mock
 import torch
 
 from quill.models.batch import StepBatch
-from quill.models.families import fconv, gcnn, lfm2, mamba, xlstm
+from quill.models.families import fconv, lfm2, mamba, xlstm
 from quill.models.families.registry import ARCHITECTURES
 from quill.models.state import new_model_state
 
@@ -30,7 +31,6 @@ BLOCK_SIZE = 16  # LFM2's attention layers' K,V blocks
 # name -> (architecture, its config, the module whose step splits its parts: patched for the padded contender).
 # Small shapes of each family by default, so that all of them run in about a minute on 2 CPU cores.
 SHAPES = {
-    "gcnn": ("gcnn", dict(d_embed=256, d_model=256, n_blocks=4, layers_per_block=2, kernel_size=4), gcnn),
     "fconv": ("fconv", dict(embed_dim=256, layers=[[256, 4, 1]] * 6, out_embed_dim=256), fconv),
     "mamba": ("mamba", dict(d_model=256, n_layers=4, d_inner=512, dt_rank=16), mamba),
     "mamba2": ("mamba2", dict(hidden_size=256, num_layers=4, num_heads=8, head_dim=64, state_size=64),

@@ -14,11 +14,11 @@ def test_split_and_padded_steps_agree_for_every_family(tmp_path):
 
 def test_a_step_that_does_not_ask_the_patched_module_is_refused():
     """Were a family's step to stop calling its module's split_decodes, the 'padded' contender would time the split
-    step: here the gated CNN's step, with Mamba's module patched."""
+    step: here fconv's step, with Mamba's module patched."""
     from quill.models.families import mamba
 
-    _, shape, _ = mixed_step.SHAPES["gcnn"]
-    config_cls, model_cls = mixed_step.ARCHITECTURES["gcnn"]
+    _, shape, _ = mixed_step.SHAPES["fconv"]
+    config_cls, model_cls = mixed_step.ARCHITECTURES["fconv"]
     model = model_cls(config_cls(vocab_size=mixed_step.VOCAB, **shape))
     with pytest.raises(RuntimeError, match="does not split its step"):
         mixed_step.padded_step(model, mamba, mixed_step.mixed_batch(chunk=3, decodes=2), model.new_state(3))
