@@ -3,9 +3,8 @@
 request's context and continuation through the server, and scores the continuation from /v1/completions'
 echoed prompt log-probabilities. Its answer must be the sum the server gives for those very tokens.
 
-lm-eval is not in the `test` extra (it would bring datasets, pyarrow, pandas, scipy, scikit-learn and nltk for
-one test); its API model needs only aiohttp and tenacity beside what Quill's tests already have:
-    pip install --no-deps lm-eval==0.4.13 && pip install aiohttp tenacity"""
+lm-eval, with aiohttp and tenacity that its API models import, is in the `test` extra; the skips below are for an
+environment made some other way."""
 
 from __future__ import annotations
 
