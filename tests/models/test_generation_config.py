@@ -1,5 +1,5 @@
 """generation_config.json: its EOS ids join config.json's; its sampling defaults are exposed
-(with vLLM's six names) unless turned off."""
+(with vLLM's six names) and its one-token bad words banned, unless turned off."""
 
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ def test_missing_file_means_nothing(tmp_path):
     ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
     ({"top_k": 2.5}, "top_k must be an integer"),
     ({"eos_token_id": [1, True]}, "eos_token_id must be an integer"),
+    ({"bad_words_ids": [5]}, "bad_words_ids must be a list of non-empty lists"),
+    ({"bad_words_ids": [[5, "x"]]}, "bad_words_ids must be an integer"),
     ([1, 2], "must hold a JSON object"),
 ])
 def test_bad_values_name_the_file(tmp_path, offline_hub, content, fragment):
@@ -66,3 +68,13 @@ def test_bad_values_name_the_file(tmp_path, offline_hub, content, fragment):
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(tmp_path / "llama", device="cpu")
     assert "generation_config.json" in str(info.value) and fragment in str(info.value)
+
+
+def test_one_token_bad_words_are_banned_and_longer_ones_said_to_be_ignored(tmp_path, offline_hub, caplog):
+    shutil.copytree(offline_hub[LLAMA].path, tmp_path / "llama")
+    (tmp_path / "llama" / "generation_config.json").write_text(json.dumps({"bad_words_ids": [[9], [4, 5], [3], [9]]}))
+    assert read_generation_config(tmp_path / "llama").bad_words_ids == [[9], [4, 5], [3], [9]]
+    with caplog.at_level("WARNING"):
+        assert load_checkpoint(tmp_path / "llama", device="cpu").banned_token_ids == [3, 9]
+    assert "[[4, 5]]" in caplog.text and "not applied" in caplog.text
+    assert load_checkpoint(tmp_path / "llama", device="cpu", generation_config="none").banned_token_ids == []

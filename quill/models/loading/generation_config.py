@@ -1,17 +1,21 @@
-"""generation_config.json: the end-of-sequence ids a checkpoint stops on, and the sampling
-settings its makers recommend.
+"""generation_config.json: the end-of-sequence ids a checkpoint stops on, the sampling settings its makers
+recommend, and the words it must never say.
 
-The recommendations are what vLLM's `--generation-config auto` applies to a request that
-leaves a setting out: the same six settings, under `SamplingParams` names.
+The recommendations are what vLLM's `--generation-config auto` applies to a request that leaves a setting out:
+the same six settings, under `SamplingParams` names. `bad_words_ids` is transformers' (Marian's checkpoints ban
+their pad token with it): banned at every step of every request, as `generate()` bans them.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CheckpointError, read_json_object
+
+log = logging.getLogger(__name__)
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 
@@ -30,6 +34,7 @@ SAMPLING_DEFAULTS = {
 class GenerationConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     defaults: dict = field(default_factory=dict)  # SamplingParams field -> value
+    bad_words_ids: list[list[int]] = field(default_factory=list)  # token sequences never to generate
 
 
 def _number(path: Path, key: str, value, kind: type):
@@ -53,4 +58,18 @@ def read_generation_config(directory: Path) -> GenerationConfig:
         for key, (name, kind) in SAMPLING_DEFAULTS.items()
         if raw.get(key) is not None
     }
-    return GenerationConfig(eos, defaults)
+    bad = raw.get("bad_words_ids") or []
+    if not isinstance(bad, list) or not all(isinstance(word, list) and word for word in bad):
+        raise CheckpointError(path, f"bad_words_ids must be a list of non-empty lists of token ids, got {bad!r}")
+    bad = [[_number(path, "bad_words_ids", i, int) for i in word] for word in bad]
+    return GenerationConfig(eos, defaults, bad)
+
+
+def banned_tokens(config: GenerationConfig, model: str) -> list[int]:
+    """The one-token bad words, which the engine bans from every step's logits. Longer ones (banned by
+    `generate()` where the tokens before their last were just generated) are not applied: the log says so."""
+    longer = [word for word in config.bad_words_ids if len(word) > 1]
+    if longer:
+        log.warning("%s: generation_config.json's bad_words_ids of more than one token are not applied: %s",
+                    model, longer)
+    return sorted({word[0] for word in config.bad_words_ids if len(word) == 1})

@@ -19,13 +19,13 @@ pytest.importorskip("transformers")
 EOS = 2
 
 
-def _engine(directory, family: str, **cache) -> tuple[EngineCore, object]:
+def _engine(directory, family: str, banned: list[int] = (), **cache) -> tuple[EngineCore, object]:
     reference = write_hf_model(directory, family)
     model = load_quill_model(directory)
     eos = reference.config.eos_token_id
     loaded = LoadedModel(name=family, path=directory, architecture="seq2seq", model=model,
                          tokenizer=Tokenizer(build_hf_tokenizer(VOCAB), eos), eos_token_ids=[eos],
-                         device=torch.device("cpu"), dtype=torch.float32)
+                         device=torch.device("cpu"), dtype=torch.float32, banned_token_ids=list(banned))
     return EngineCore(loaded, EngineConfig(cache=CacheConfig(**cache))), reference
 
 
@@ -104,6 +104,31 @@ def test_forced_first_token_equals_forced_bos(tmp_path):
                                    num_beams=3, num_return_sequences=2)
         assert [finals[f"b{i}"][j][0] for j in range(2)] == beams
         assert [finals[f"b{i}"][j][2] for j in range(2)] == pytest.approx(scores, abs=1e-4)
+
+
+def test_banned_tokens_are_never_generated_as_bad_words_ids_makes_generate(tmp_path):
+    """A checkpoint's one-token bad words (Marian bans its pad token so): banned here at the greedy answers' own
+    favourite tokens, so that the ban changes them; greedy and beam answers equal `generate(bad_words_ids=...)`.
+    (Beam scores are not compared: transformers bans after the log-softmax, the engine before it, so the banned
+    tokens' share of the normaliser differs.)"""
+    free, _ = _engine(tmp_path / "free", "marian")
+    sources = _sources(3, seed=7)
+    for i, source in enumerate(sources):
+        free.add_request(f"g{i}", [2], SamplingParams(max_tokens=8, temperature=0), encoder_token_ids=source)
+    favourites = sorted({tokens[0] for final in _run(free).values() for tokens, _, _ in final.values()})
+    engine, reference = _engine(tmp_path / "banned", "marian", banned=favourites)
+    for i, source in enumerate(sources):
+        engine.add_request(f"g{i}", [2], SamplingParams(max_tokens=8, temperature=0), encoder_token_ids=source)
+        engine.add_request(f"b{i}", [2], SamplingParams(max_tokens=8, temperature=0, use_beam_search=True,
+                                                        beam_width=3, n=2), encoder_token_ids=source)
+    finals = _run(engine)
+    bad_words = [[t] for t in favourites]
+    for i, source in enumerate(sources):
+        greedy, _ = _generated(reference, source, 2, max_new_tokens=8, bad_words_ids=bad_words)
+        assert finals[f"g{i}"][0][0] == greedy[0] and not set(greedy[0]) & set(favourites)
+        beams, _ = _generated(reference, source, 2, max_new_tokens=8, bad_words_ids=bad_words, num_beams=3,
+                              num_return_sequences=2)
+        assert [finals[f"b{i}"][j][0] for j in range(2)] == beams
 
 
 def _encoder_blocks_held(engine: EngineCore, params: SamplingParams, source: list[int]) -> int:

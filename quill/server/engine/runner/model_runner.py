@@ -30,7 +30,11 @@ class ModelRunner:
         self.vocab_size = self.model.config.vocab_size
         # The model scores a row whose argmax alone is read for less than its full distribution (fconv's adaptive
         # softmax): eager steps tell it which rows those are (StepBatch.argmax_only); graphs score every row fully.
-        self.cheap_argmax = bool(getattr(self.model, "cheap_argmax", False))
+        # Tokens the checkpoint never lets it say (generation_config.json's bad words): -inf in every logits row, before
+        # sampling and beam ranking. Such a model scores every row fully (a banned argmax would leave nothing).
+        banned = loaded.banned_token_ids
+        self.banned = to_device(banned, device, torch.long) if banned else None
+        self.cheap_argmax = bool(getattr(self.model, "cheap_argmax", False)) and self.banned is None
         self.sampling = SamplingTable(max_num_seqs, self.vocab_size, device)
         self.grammar_masks = GrammarMasks(self.vocab_size, device)
         # Each live sequence's state slot and/or its blocks (as many as the longest sequence holds).
@@ -128,6 +132,9 @@ class ModelRunner:
             logits = self.model.step(step, self.state)  # (logit rows, V)
         else:
             logits = self.graphs.replay(packed, size, fill=not in_place)
+        if self.banned is not None:
+            # in place: a fresh tensor, or the graph's output, which each replay writes anew
+            logits.index_fill_(-1, self.banned, float("-inf"))
         return read_out(batch, logits, logit_rows, masks, plan)
 
     def _token_source(self, batch: ScheduledBatch, previous: PendingStep) -> torch.Tensor:
