@@ -123,10 +123,11 @@ class MambaMixer(nn.Module):
         c = self.config
         where = (part.slots, layer)
         fused = kernels.fused_state_steps(state["ssm"])
-        # the CPU's kernels also convolve a decode step in its windows (on CUDA the eager convolution serves)
-        conv_step = getattr(fused, "conv_step_", None) if part.max_query_len == 1 else None
-        if conv_step is not None and state["conv"].dtype == torch.float32:
-            u = conv_step(state["conv"][:, layer], part.slots, u, self.conv1d.weight.squeeze(1), self.conv1d.bias)
+        # the CPU's kernels also convolve a decode step in its windows (the GPU's have none: conv_step_ is None)
+        if (fused is not None and fused.conv_step_ is not None and part.max_query_len == 1
+                and state["conv"].dtype == torch.float32):
+            u = fused.conv_step_(state["conv"][:, layer], part.slots, u, self.conv1d.weight.squeeze(1),
+                                 self.conv1d.bias)
         else:
             # (R, d_inner, d_conv - 1 + Q): the window then the part's inputs, right-padded with zeros
             inputs = part.slide_windows(state["conv"], where, part.pad(u).transpose(1, 2), dim=-1)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..device_choice import DeviceRegistry
+from . import cpu_state_steps
 from .onednn_ops import OneDnnLayerOps
 from .torch_ops import TORCH_OPS, TorchLayerOps
 from .triton_ops import TritonLayerOps
@@ -73,8 +74,6 @@ def fused_state_steps(state: torch.Tensor):
     if state.dtype != torch.float32:
         return None
     if state.device.type == "cpu":
-        from . import cpu_state_steps
-
         return cpu_state_steps if not isinstance(cpu_state_steps.steps(), str) else None
     if state.device.type != "cuda" or not _HAS_TRITON:
         return None

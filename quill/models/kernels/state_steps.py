@@ -80,6 +80,10 @@ def mamba_step_(state: torch.Tensor, slots: torch.Tensor, u: torch.Tensor, dt: t
     return mamba_scan_(state, slots, u[:, None], dt[:, None], A, B[:, None], C[:, None])[:, 0]
 
 
+# Mamba-1's decode convolution has no kernel here (the CPU's module has one): the model convolves eagerly on CUDA.
+conv_step_ = None
+
+
 @triton.jit
 def _ssd_step(state_ptr, slots_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, y_ptr,
               stride_slot, stride_head, stride_p, heads, heads_per_group, groups,

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from quill.models.training.bpe import EOS_TOKEN, EOS_TOKEN_ID, encode_documents
+from quill.models.training.bpe import EOS_TOKEN, EOS_TOKEN_ID
 from quill.models.training.corpus import load_shakespeare
-from quill.models.training.pipeline import Dataset
+from quill.models.training.pipeline import Dataset, encode_split
 
 BYTE_VOCAB_SIZE = 257
 
@@ -40,15 +40,7 @@ def byte_tokenizer() -> Tokenizer:
 
 def prepare_byte_dataset(data_dir: Path) -> Dataset:
     """The training and held-out plays as byte streams, EOS before and after each."""
-    split = load_shakespeare(data_dir)
-    tokenizer = byte_tokenizer()
-    return Dataset(
-        tokenizer=tokenizer,
-        train_ids=encode_documents(tokenizer, split.train.values()),
-        validation_ids=encode_documents(tokenizer, split.validation.values()),
-        train_documents=tuple(split.train),
-        validation_documents=tuple(split.validation),
-    )
+    return encode_split(byte_tokenizer(), load_shakespeare(data_dir))
 
 
 def held_out_characters(data_dir: Path) -> int:

@@ -48,7 +48,11 @@ def prepare_dataset(data_dir: Path, vocab_size: int = DEFAULT_VOCAB_SIZE) -> Dat
     """Fetch and split the corpus; train the BPE on the training split once and cache it in data_dir."""
     split = load_shakespeare(data_dir)
     tokenizer_path = Path(data_dir) / f"shakespeare-bpe{vocab_size}.json"
-    tokenizer = load_or_train_bpe(tokenizer_path, split.train.values(), vocab_size)
+    return encode_split(load_or_train_bpe(tokenizer_path, split.train.values(), vocab_size), split)
+
+
+def encode_split(tokenizer: HFTokenizer, split) -> Dataset:
+    """The corpus's training and held-out plays (load_shakespeare's split) as token streams of `tokenizer`."""
     return Dataset(
         tokenizer=tokenizer,
         train_ids=encode_documents(tokenizer, split.train.values()),
@@ -56,6 +60,26 @@ def prepare_dataset(data_dir: Path, vocab_size: int = DEFAULT_VOCAB_SIZE) -> Dat
         train_documents=tuple(split.train),
         validation_documents=tuple(split.validation),
     )
+
+
+def training_figures(recipe: Recipe, record, saved_dtype: torch.dtype) -> dict:
+    """What a trained checkpoint records of its training (`record`: the trainer's), beside its own scores."""
+    return {
+        "recipe": recipe.name,
+        "architecture": recipe.architecture,
+        "parameters": record.parameters,
+        "validation_perplexity_float32": record.validation_perplexity,
+        "saved_dtype": str(saved_dtype).removeprefix("torch."),
+        "training_seconds": record.training_seconds,
+        "steps": record.steps,
+        "tokens_seen": record.tokens_seen,
+        "stopped_by": record.stopped_by,
+        "steps_per_thread_count": record.steps_per_thread_count,
+        "validation_history": record.validation_history,
+        "machine": record.machine,
+        "training_config": record.config,
+        "model_config": dict(recipe.model),
+    }
 
 
 def bigram_baseline(dataset: Dataset) -> dict:
@@ -109,23 +133,7 @@ def train_recipe(
     saved_dtype = torch.float16
     as_saved = rounded_to(model.cpu(), saved_dtype)
     saved_perplexity = perplexity(as_saved, validation_ids, config.context, config.eval_batch_size)
-    figures = {
-        "recipe": recipe.name,
-        "architecture": recipe.architecture,
-        "parameters": record.parameters,
-        "validation_perplexity": saved_perplexity,
-        "validation_perplexity_float32": record.validation_perplexity,
-        "saved_dtype": str(saved_dtype).removeprefix("torch."),
-        "training_seconds": record.training_seconds,
-        "steps": record.steps,
-        "tokens_seen": record.tokens_seen,
-        "stopped_by": record.stopped_by,
-        "steps_per_thread_count": record.steps_per_thread_count,
-        "validation_history": record.validation_history,
-        "machine": record.machine,
-        "training_config": record.config,
-        "model_config": dict(recipe.model),
-    }
+    figures = training_figures(recipe, record, saved_dtype) | {"validation_perplexity": saved_perplexity}
     directory = Path(out_dir) / recipe.name
     save_checkpoint(
         directory, recipe.architecture, model.cpu(), Tokenizer(dataset.tokenizer, EOS_TOKEN_ID),

@@ -16,7 +16,7 @@ from quill.models.loading.saving import save_checkpoint
 from quill.models.text.toolkit_tokenizer import write_toolkit_tokenizer
 from quill.models.training.corpus import load_shakespeare
 from quill.models.training.evaluate_restoration import evaluate_checkpoint
-from quill.models.training.pipeline import rounded_to, shrink_embeddings
+from quill.models.training.pipeline import rounded_to, shrink_embeddings, training_figures
 from quill.models.training.recipes import Recipe
 from quill.models.training.restoration import Pair, evaluation_sample, restoration_pairs
 from quill.models.training.sentencepiece_vocab import SPECIAL_IDS, load_or_train_sentencepiece, toolkit_spec
@@ -97,23 +97,9 @@ def train_restoration_recipe(recipe: Recipe, data: RestorationData, out_dir: Pat
     saved_dtype = torch.float16
     as_saved = rounded_to(model.cpu(), saved_dtype).eval()
     saved_nll = mean_nll(as_saved, forward, data.validation_ids, IDS, config.eval_batch_size)
-    figures = {
-        "recipe": recipe.name,
-        "architecture": recipe.architecture,
-        "parameters": record.parameters,
-        "validation_perplexity": math.exp(saved_nll),  # per target token (and end token), teacher forced
-        "validation_perplexity_float32": record.validation_perplexity,
-        "saved_dtype": str(saved_dtype).removeprefix("torch."),
-        "training_seconds": record.training_seconds,
-        "steps": record.steps,
-        "target_tokens_seen": record.tokens_seen,
-        "stopped_by": record.stopped_by,
-        "steps_per_thread_count": record.steps_per_thread_count,
-        "validation_history": record.validation_history,
-        "machine": record.machine,
-        "training_config": record.config,
-        "model_config": dict(recipe.model),
-    }
+    figures = training_figures(recipe, record, saved_dtype)
+    # per target token (and end token), teacher forced; the trainer counts target tokens
+    figures |= {"validation_perplexity": math.exp(saved_nll), "target_tokens_seen": figures.pop("tokens_seen")}
     directory = Path(out_dir) / recipe.name
     save_checkpoint(directory, recipe.architecture, model.cpu(), None, dtype=saved_dtype,
                     metadata={**figures, "task": data.describe()}, eos_token_id=IDS.eos)
