@@ -12,7 +12,7 @@ FIELDS = {
     "stop": "stop", "stop_token_ids": "stop_token_ids", "seed": "seed", "n": "n", "logprobs": "logprobs",
     "echo": "echo", "ignore_eos": "ignore_eos", "min_tokens": "min_tokens", "length_penalty": "length_penalty",
     "early_stopping": "early_stopping", "user": "user", "length_penalty_type": "length_penalty_type",
-    "no_repeat_ngram_size": "no_repeat_ngram_size",
+    "no_repeat_ngram_size": "no_repeat_ngram_size", "bad_words": "bad_words",
     # encoder-decoder (translation) models
     "source_lang": "source_lang", "target_lang": "target_lang", "target_prefix": "target_prefix",
 }

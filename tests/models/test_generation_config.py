@@ -70,11 +70,23 @@ def test_bad_values_name_the_file(tmp_path, offline_hub, content, fragment):
     assert "generation_config.json" in str(info.value) and fragment in str(info.value)
 
 
-def test_one_token_bad_words_are_banned_and_longer_ones_said_to_be_ignored(tmp_path, offline_hub, caplog):
+def test_bad_words_and_forced_eos_are_read_and_lifted_by_none(tmp_path, offline_hub):
     shutil.copytree(offline_hub[LLAMA].path, tmp_path / "llama")
-    (tmp_path / "llama" / "generation_config.json").write_text(json.dumps({"bad_words_ids": [[9], [4, 5], [3], [9]]}))
+    (tmp_path / "llama" / "generation_config.json").write_text(json.dumps(
+        {"bad_words_ids": [[9], [4, 5], [3], [9]], "forced_eos_token_id": 2}))
     assert read_generation_config(tmp_path / "llama").bad_words_ids == [[9], [4, 5], [3], [9]]
-    with caplog.at_level("WARNING"):
-        assert load_checkpoint(tmp_path / "llama", device="cpu").banned_token_ids == [3, 9]
-    assert "[[4, 5]]" in caplog.text and "not applied" in caplog.text
-    assert load_checkpoint(tmp_path / "llama", device="cpu", generation_config="none").banned_token_ids == []
+    loaded = load_checkpoint(tmp_path / "llama", device="cpu")
+    assert (loaded.banned_token_ids, loaded.bad_words_ids, loaded.forced_eos_token_ids) == ([3, 9], [[4, 5]], [2])
+    lifted = load_checkpoint(tmp_path / "llama", device="cpu", generation_config="none")
+    assert (lifted.banned_token_ids, lifted.bad_words_ids, lifted.forced_eos_token_ids) == ([], [], [])
+
+
+def test_forced_eos_comes_from_config_json_without_a_generation_config(tmp_path, offline_hub):
+    """transformers derives the generation config from config.json when the checkpoint ships none."""
+    shutil.copytree(offline_hub[LLAMA].path, tmp_path / "llama")
+    (tmp_path / "llama" / "generation_config.json").unlink(missing_ok=True)
+    config = json.loads((tmp_path / "llama" / "config.json").read_text())
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({**config, "forced_eos_token_id": [2, 3]}))
+    assert load_checkpoint(tmp_path / "llama", device="cpu").forced_eos_token_ids == [2, 3]
+    (tmp_path / "llama" / "generation_config.json").write_text(json.dumps({"temperature": 0.5}))
+    assert load_checkpoint(tmp_path / "llama", device="cpu").forced_eos_token_ids == []  # the file wins

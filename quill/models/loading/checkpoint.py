@@ -27,7 +27,7 @@ from ..text.tokenizer import Tokenizer
 from ..text.tokenizer_config import read_tokenizer_config
 from . import hf
 from .errors import CheckpointError, read_json_object
-from .generation_config import banned_tokens, read_generation_config
+from .generation_config import bad_word_sequences, banned_tokens, read_generation_config
 from .location import BUNDLED_DIR, ModelLocation, locate
 from .saving import CONFIG_FILE, TOKENIZER_FILE, save_checkpoint
 from .weights import WEIGHTS_FILE, has_weights, open_weights, read_weights
@@ -56,8 +56,11 @@ class LoadedModel:
     # SamplingParams field -> the checkpoint's recommended value (generation_config.json), for a request
     # that leaves the setting out; empty with --generation-config none.
     generation_defaults: dict = field(default_factory=dict)
-    # Tokens never generated (generation_config.json's one-token bad_words_ids); empty with --generation-config none.
+    # Tokens never generated (generation_config.json's one-token bad_words_ids); empty with --generation-config none,
+    # as are the next two.
     banned_token_ids: list[int] = field(default_factory=list)
+    bad_words_ids: list[list[int]] = field(default_factory=list)  # its longer bad words, banned in every request
+    forced_eos_token_ids: list[int] = field(default_factory=list)  # a sequence's last allowed token (forced_eos)
     special_tokens: dict[str, str] = field(default_factory=dict)  # "bos_token" -> "<s>", ... (what templates see)
     chat_templates: dict[str, str] = field(default_factory=dict)  # name -> Jinja source; the main one is "default"
     add_bos_token: bool = False  # tokenizer.encode(text) starts with bos_token (so a rendered template must not)
@@ -284,7 +287,9 @@ def load_checkpoint(
         eos_token_ids=eos_ids, device=device, dtype=dtype, metadata=metadata, model_id=location.model_id,
         revision=location.revision,
         generation_defaults=generation.defaults if generation_config == "auto" else {},
-        banned_token_ids=banned_tokens(generation, name) if generation_config == "auto" else [],
+        banned_token_ids=banned_tokens(generation) if generation_config == "auto" else [],
+        bad_words_ids=bad_word_sequences(generation) if generation_config == "auto" else [],
+        forced_eos_token_ids=generation.forced_eos_token_ids if generation_config == "auto" else [],
         special_tokens=tokenizer_config.special_tokens, chat_templates=tokenizer_config.chat_templates,
         add_bos_token=tokenizer.adds_bos(tokenizer_config.special_tokens.get("bos_token")), seq2seq=seq2seq,
     )

@@ -1,21 +1,20 @@
 """generation_config.json: the end-of-sequence ids a checkpoint stops on, the sampling settings its makers
-recommend, and the words it must never say.
+recommend, the words it must never say, and the end it forces at the length limit.
 
 The recommendations are what vLLM's `--generation-config auto` applies to a request that leaves a setting out:
 the same six settings, under `SamplingParams` names. `bad_words_ids` is transformers' (Marian's checkpoints ban
-their pad token with it): banned at every step of every request, as `generate()` bans them.
+their pad token with it): banned in every request, as `generate()` bans them. `forced_eos_token_id` (Marian, BART,
+M2M100, FSMT) makes a sequence's last allowed token EOS; a checkpoint without generation_config.json names it in
+config.json, where transformers then reads it.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CheckpointError, read_json_object
-
-log = logging.getLogger(__name__)
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 
@@ -35,6 +34,7 @@ class GenerationConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     defaults: dict = field(default_factory=dict)  # SamplingParams field -> value
     bad_words_ids: list[list[int]] = field(default_factory=list)  # token sequences never to generate
+    forced_eos_token_ids: list[int] = field(default_factory=list)  # the last token a length limit allows
 
 
 def _number(path: Path, key: str, value, kind: type):
@@ -44,15 +44,22 @@ def _number(path: Path, key: str, value, kind: type):
     return kind(value)
 
 
+def _token_ids(path: Path, raw: dict, key: str) -> list[int]:
+    """An id or a list of ids (transformers takes either), none when absent."""
+    value = raw.get(key)
+    value = [] if value is None else value if isinstance(value, list) else [value]
+    return [_number(path, key, i, int) for i in value]
+
+
 def read_generation_config(directory: Path) -> GenerationConfig:
-    """The checkpoint's generation config; empty when it ships none."""
+    """The checkpoint's generation config; empty when it ships none but config.json's forced EOS."""
     path = directory / GENERATION_CONFIG_FILE
     if not path.is_file():
-        return GenerationConfig()
+        config = directory / "config.json"
+        raw = read_json_object(config) if config.is_file() else {}
+        return GenerationConfig(forced_eos_token_ids=_token_ids(config, raw, "forced_eos_token_id"))
     raw = read_json_object(path)
-    eos = raw.get("eos_token_id")
-    eos = [] if eos is None else eos if isinstance(eos, list) else [eos]
-    eos = [_number(path, "eos_token_id", i, int) for i in eos]
+    eos = _token_ids(path, raw, "eos_token_id")
     defaults = {
         name: _number(path, key, raw[key], kind)
         for key, (name, kind) in SAMPLING_DEFAULTS.items()
@@ -62,14 +69,15 @@ def read_generation_config(directory: Path) -> GenerationConfig:
     if not isinstance(bad, list) or not all(isinstance(word, list) and word for word in bad):
         raise CheckpointError(path, f"bad_words_ids must be a list of non-empty lists of token ids, got {bad!r}")
     bad = [[_number(path, "bad_words_ids", i, int) for i in word] for word in bad]
-    return GenerationConfig(eos, defaults, bad)
+    return GenerationConfig(eos, defaults, bad, _token_ids(path, raw, "forced_eos_token_id"))
 
 
-def banned_tokens(config: GenerationConfig, model: str) -> list[int]:
-    """The one-token bad words, which the engine bans from every step's logits. Longer ones (banned by
-    `generate()` where the tokens before their last were just generated) are not applied: the log says so."""
-    longer = [word for word in config.bad_words_ids if len(word) > 1]
-    if longer:
-        log.warning("%s: generation_config.json's bad_words_ids of more than one token are not applied: %s",
-                    model, longer)
+def banned_tokens(config: GenerationConfig) -> list[int]:
+    """The one-token bad words, which the engine bans from every step's logits."""
     return sorted({word[0] for word in config.bad_words_ids if len(word) == 1})
+
+
+def bad_word_sequences(config: GenerationConfig) -> list[list[int]]:
+    """The longer bad words, banned where the tokens before their last end a sequence: added to every request's
+    own (SamplingParams.bad_words_token_ids)."""
+    return [word for word in config.bad_words_ids if len(word) > 1]

@@ -51,7 +51,7 @@ def check_stop(config: ServerConfig, stop: list[str], param: str = "stop") -> No
     if len(stop) > config.max_stop_strings:
         raise invalid(f"{param} must have at most {config.max_stop_strings} sequences, got {len(stop)}", param)
     if any(not s or len(s) > config.max_stop_string_chars for s in stop):
-        raise invalid(f"stop sequences must have 1 to {config.max_stop_string_chars} characters", param)
+        raise invalid(f"{param} entries must have 1 to {config.max_stop_string_chars} characters", param)
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:

@@ -29,6 +29,7 @@ class Hypothesis:
     token_ids: list[int]  # generated tokens, the final EOS included
     score: float  # length-penalised
     sum_logprob: float
+    cut: bool = False  # its EOS was forced at the length limit (forced_eos_token_id), not chosen
 
 
 @dataclass
@@ -46,6 +47,7 @@ class BeamSearch:
     early_stopping: bool | str = False
     length_penalty_type: str = "power"  # or "wu" (Wu et al. 2016)
     min_tokens: int = 0
+    forced_eos_token_ids: list[int] = field(default_factory=list)  # transformers' forced_eos_token_id
     scores: list[float] = field(default_factory=lambda: [0.0])  # summed log-prob of each live beam
     finished: list[Hypothesis] = field(default_factory=list)  # best first, at most `width`
     can_improve: bool = True
@@ -88,7 +90,24 @@ class BeamSearch:
         self._update_can_improve(generated)
         full = len(self.finished) >= self.width
         done = not self.can_improve or (full and self.early_stopping is True) or all(ends)
+        if not done and self.forced_eos_token_ids and generated + 1 == self.max_tokens:
+            self._end_with_forced_eos(running, outputs, generated + 1)
+            done = True
         return BeamStep(running=[] if done else running, done=done)
+
+    def _end_with_forced_eos(self, running: list[tuple[int, int, float]], outputs: list[list[int]],
+                             length: int) -> None:
+        """The last step, where EOS is the only continuation of each beam (its log-probability 0): every
+        beam becomes a hypothesis, unless the search has settled."""
+        if (len(self.finished) >= self.width and self.early_stopping is True) or not self.can_improve:
+            return
+        eos = self.forced_eos_token_ids[0]
+        for parent, token, score in running:
+            if score > NEG / 2:  # a beam that is really one
+                self.finished.append(Hypothesis(outputs[parent] + [token, eos], score / self._normalizer(length),
+                                                score, cut=True))
+        self.finished.sort(key=lambda h: -h.score)
+        del self.finished[self.width :]
 
     def _normalizer(self, length: int) -> float:
         base = (5 + length) / 6 if self.length_penalty_type == "wu" else length

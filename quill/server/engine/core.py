@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from quill.models.loading.checkpoint import LoadedModel
 from quill.server.sampling import SamplingParams, new_generator
@@ -120,7 +120,7 @@ class EngineCore:
         self.graph_bytes = 0  # device memory the captured graphs hold
         if graph_capture is not None:
             self._capture_graphs(graph_capture, graph_sizes)
-        self.outputs = OutputProcessor(self.tokenizer, loaded.eos_token_ids)
+        self.outputs = OutputProcessor(self.tokenizer, loaded.eos_token_ids, loaded.forced_eos_token_ids)
         self.grammars = grammars or GrammarCompiler(self.tokenizer, loaded.eos_token_ids, self.runner.vocab_size)
         self.groups: dict[str, SequenceGroup] = {}
         self._seq_ids = itertools.count()
@@ -169,6 +169,8 @@ class EngineCore:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not prompt_token_ids:
             raise ValueError("the prompt has no tokens")
+        if self.loaded.bad_words_ids:  # the checkpoint's longer bad words, beside the request's own
+            params = replace(params, bad_words_token_ids=params.bad_words_token_ids + self.loaded.bad_words_ids)
         group = SequenceGroup(request_id, list(prompt_token_ids), params)
         if encoder_token_ids is None and self.loaded.is_encoder_decoder:  # the prompt is the source
             encoder_token_ids, prompt_token_ids = prompt_token_ids, [self.loaded.model.config.decoder_start_token_id]
@@ -185,6 +187,7 @@ class EngineCore:
                 eos_token_ids=[] if params.ignore_eos else list(self.loaded.eos_token_ids),
                 length_penalty=params.length_penalty, early_stopping=params.early_stopping,
                 min_tokens=params.min_tokens, length_penalty_type=params.length_penalty_type,
+                forced_eos_token_ids=[] if params.ignore_eos else list(self.loaded.forced_eos_token_ids),
             )
         first = self._new_sequence(group, list(prompt_token_ids), 0)
         if params.structured is not None:  # cached when the API process checked it; GrammarError if refused

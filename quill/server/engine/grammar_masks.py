@@ -7,7 +7,8 @@ own work on every core: a fill beside it oversubscribed the cores and slowed the
 EPYC, 64 constrained rows, benchmarks/structured_bench.py), so there the masks are filled first, in line
 (about 10 us per row). The sampler waits for them only when it needs them. A step with no constrained sequence
 does nothing here. Each distinct sequence gets one mask row; a prompt that forks into n samples uses it n times.
-A request's `no_repeat_ngram_size` bans go into the same masks (computed in line on the host: a few tokens each).
+A request's `no_repeat_ngram_size` and bad-word bans go into the same masks (computed in line on the host: a few
+tokens each).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from llguidance import LLExecutor
 
 from quill.models.host_copy import to_device
 
-from quill.server.sampling.ngrams import banned_by_ngrams, clear_bits
+from quill.server.sampling.ngrams import banned_by_bad_words, banned_by_ngrams, clear_bits
 from quill.server.structured.matcher import bitmask_words, fill_bitmasks
 
 from .sequence import Sequence
@@ -65,11 +66,15 @@ class GrammarMasks:
         self._thread: ThreadPoolExecutor | None = None
 
     def start(self, seqs: list[Sequence]) -> PendingMasks | None:
-        """Begin filling the masks of those of `seqs` that have a grammar or n-gram bans; None when none has."""
+        """Begin filling the masks of those of `seqs` that have a grammar or bans by history; None when none has."""
         bans, constrained = {}, {}  # one pass over the step's sequences: most have neither
         for seq in seqs:
-            size = seq.group.params.no_repeat_ngram_size
-            banned = banned_by_ngrams(seq.token_ids, size) if size else None
+            params = seq.group.params
+            banned = None
+            if params.bans_by_history:
+                size = params.no_repeat_ngram_size
+                banned = ((banned_by_ngrams(seq.token_ids, size) if size else [])
+                          + banned_by_bad_words(seq.token_ids, params.bad_words_token_ids))
             if banned:
                 bans[seq] = banned
             if banned or seq.grammar is not None:

@@ -21,9 +21,12 @@ log = logging.getLogger("quill.engine")
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer, eos_token_ids: list[int]):
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: list[int], forced_eos_token_ids: list[int] = ()):
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
+        # A checkpoint's forced_eos_token_id: the last token max_tokens allows is EOS, taken as generated with
+        # probability 1 without a step of its own (beam search: BeamSearch).
+        self.forced_eos = forced_eos_token_ids[0] if forced_eos_token_ids else None
 
     def start(self, seq: Sequence) -> None:
         """Give a new sequence its detokenizer and stop rules."""
@@ -57,6 +60,16 @@ class OutputProcessor:
                 seq.text = self.tokenizer.decode_continuation(prompt, token_ids[seq.num_prompt_tokens : -1],
                                                               seq.group.params.skip_special_tokens)
             seq.finish_reason = decision.finish_reason
+        elif self.forced_eos is not None and self._forces_eos(seq, len(token_ids) - seq.num_prompt_tokens):
+            params = seq.group.params
+            forced = TokenLogprob(self.forced_eos, 0.0, [(self.forced_eos, 0.0)] if params.logprobs else [])
+            self.append(seq, self.forced_eos, 0.0, forced if params.logprobs is not None else None)
+            seq.finish_reason = "length"  # the limit ended it; the model did not choose to
+
+    def _forces_eos(self, seq: Sequence, num_output_tokens: int) -> bool:
+        params = seq.group.params
+        return (num_output_tokens + 1 == params.max_tokens and not params.ignore_eos and not params.use_beam_search
+                and params.min_tokens < params.max_tokens and params.structured is None)
 
     def collect(self, group: SequenceGroup) -> tuple[RequestOutput | None, list[Sequence]]:
         """The request's delta since its last output (None if nothing new), and the sequences that finished
@@ -97,8 +110,8 @@ class OutputProcessor:
         params = group.params
         for i, hyp in enumerate(group.beam.finished[: params.n]):
             ids = hyp.token_ids
-            text_ids = ids[:-1] if ids and ids[-1] in eos and not params.ignore_eos else ids
-            finish = "stop" if len(text_ids) < len(ids) else "length"
+            text_ids = ids[:-1] if ids and (hyp.cut or ids[-1] in eos and not params.ignore_eos) else ids
+            finish = "stop" if len(text_ids) < len(ids) and not hyp.cut else "length"
             text = self.tokenizer.decode_continuation(group.prompt_token_ids, text_ids, params.skip_special_tokens)
             outs.append(CompletionOutput(i, text, ids, None, finish, hyp.sum_logprob, hyp.score))
         return self.output(group, outs, finished=True)

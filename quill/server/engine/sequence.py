@@ -59,12 +59,12 @@ class Sequence:
     @property
     def decodes_on_device(self) -> bool:
         """Its next step needs only the token it samples now, which can stay on the device (overlap.py): no beams,
-        no penalties or min_tokens (they read the output ids on the host), no grammar or n-gram ban (its next mask
-        needs this token on the host)."""
+        no penalties or min_tokens (they read the output ids on the host), no grammar or bans by history (its next
+        mask needs this token on the host)."""
         group = self.group
         params = group.params
         return (group.is_forked and not params.use_beam_search and not params.has_penalties
-                and params.min_tokens == 0 and params.structured is None and not params.no_repeat_ngram_size)
+                and params.min_tokens == 0 and params.structured is None and not params.bans_by_history)
 
     @property
     def num_uncomputed(self) -> int:

@@ -88,6 +88,9 @@ class SamplingParams:
     # the first output tokens, forced (transformers' forced_bos_token_id: an encoder-decoder's target language)
     forced_token_ids: list[int] = field(default_factory=list)
     no_repeat_ngram_size: int = 0  # > 0: never repeat an n-gram of this size (transformers' rule); 0: off
+    # token sequences whose last token never follows the others (vLLM's bad_words, as its API tokenizes them, and a
+    # checkpoint's multi-token bad_words_ids; transformers' rule, ngrams.py)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
     skip_special_tokens: bool = True  # leave special tokens out of the text (vLLM's default); ids are kept
     structured: StructuredOutput | None = None  # what the output must match (JSON schema, regex, ...); None: free
 
@@ -116,6 +119,10 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise SamplingParamError(name, f"must be a boolean, got {getattr(self, name)!r}")
         _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, low=0)
+        words = self.bad_words_token_ids
+        if not isinstance(words, list) or not all(isinstance(w, list) and w and all(_is_int(t) and t >= 0 for t in w)
+                                                  for w in words):
+            raise SamplingParamError("bad_words", f"must be a list of non-empty token id lists, got {words!r}")
         if not isinstance(self.forced_token_ids, list) or not all(_is_int(t) and t >= 0 for t in self.forced_token_ids):
             raise SamplingParamError("forced_token_ids", f"must be a list of token ids, got {self.forced_token_ids!r}")
         if len(self.forced_token_ids) >= self.max_tokens:
@@ -188,7 +195,8 @@ class SamplingParams:
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids named by the request must exist; call at admission, when the model is known."""
         for name, ids in (("logit_bias", self.logit_bias or {}), ("stop_token_ids", self.stop_token_ids),
-                          ("forced_token_ids", self.forced_token_ids)):
+                          ("forced_token_ids", self.forced_token_ids),
+                          ("bad_words", [t for word in self.bad_words_token_ids for t in word])):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise SamplingParamError(name, f"token ids must be < vocab size ({vocab_size}), got {bad[0]!r}")
@@ -200,6 +208,12 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def bans_by_history(self) -> bool:
+        """Whether its next token's bans depend on the tokens before it (no_repeat_ngram_size, bad words): each
+        step's mask is filled on the host from them (grammar_masks.py)."""
+        return bool(self.no_repeat_ngram_size or self.bad_words_token_ids)
 
     @property
     def scores_samples(self) -> bool:
@@ -215,7 +229,7 @@ class SamplingParams:
         log-probabilities). A model may then score only that token (StepBatch.argmax_only)."""
         return (self.is_greedy and not self.scores_samples and self.prompt_logprobs is None and not self.has_penalties
                 and not self.logit_bias and num_output_tokens >= self.min_tokens and self.structured is None
-                and not self.use_beam_search and not self.no_repeat_ngram_size)
+                and not self.use_beam_search and not self.bans_by_history)
 
     def all_stop_token_ids(self, eos_token_ids: Iterable[int]) -> frozenset[int]:
         """Token ids that end this request: stop_token_ids, plus EOS unless ignore_eos."""

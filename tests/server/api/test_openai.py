@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from quill.server.api.app import create_app
+from quill.server.api.bad_words import bad_words_token_ids
 from quill.server.hosting import ModelHost
 from tests.server.api.conftest import TINY, server_config
 
@@ -109,6 +110,29 @@ async def test_stop_string_is_not_returned(client):
     assert r["choices"][0]["finish_reason"] == "stop"
 
 
+@pytest.mark.parametrize("model", MODELS)
+async def test_bad_words_are_never_generated(client, app, model):
+    """vLLM's bad_words: each token of the greedy answer whose text the tokenizer spells as that one token (alone
+    or after a space) is banned; the answer changes, and none of those tokens is in it (TGI's details give ids)."""
+    tokenizer = app.state.host.get(model).loaded.tokenizer
+    prompt = "To be, or not"
+
+    async def greedy_tokens(**extra) -> list[dict]:
+        body = dict(model=model, prompt=prompt, max_tokens=8, temperature=0, ignore_eos=True, logprobs=0, **extra)
+        return (await complete(client, **body)).json()["choices"][0]
+
+    r = await client.post("/generate", json={"inputs": prompt, "model": model, "parameters": {
+        "max_new_tokens": 8, "details": True}})
+    tokens = r.json()["details"]["tokens"]
+    words = [t["text"] for t in tokens if t["text"].strip() and [t["id"]] in bad_words_token_ids(tokenizer, [t["text"]])]
+    if not words:
+        pytest.skip(f"{model}: no greedy token spells itself")
+    free, banned = await greedy_tokens(), await greedy_tokens(bad_words=words)
+    assert free["text"] == "".join(t["text"] for t in tokens) != banned["text"]
+    ids = {t["id"] for t in tokens if t["text"] in words}
+    assert not ids & {tokenizer.token_to_id(t) for t in banned["logprobs"]["tokens"]}
+
+
 async def test_models_health_ready(client):
     models = (await client.get("/v1/models")).json()
     assert [m["id"] for m in models["data"]] == MODELS
@@ -139,6 +163,10 @@ BAD_REQUESTS = [
     ({"prompt": 3}, "prompt"),
     ({"max_tokens": 3}, "prompt"),
     ({"prompt": "x", "presence_penalty": float("nan")}, None),
+    ({"prompt": "x", "bad_words": ["s"] * 100}, "bad_words"),
+    ({"prompt": "x", "bad_words": [""]}, "bad_words"),
+    ({"prompt": "x", "bad_words": ["   "]}, "bad_words"),
+    ({"prompt": "x", "bad_words": "word"}, "bad_words"),
 ]
 
 

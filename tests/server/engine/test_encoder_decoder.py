@@ -10,6 +10,7 @@ import torch
 from quill.models.loading.checkpoint import LoadedModel
 from quill.models.text.tokenizer import Tokenizer
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
+from quill.server.engine.outputs import merge_outputs
 from quill.server.sampling import SamplingParams
 from tests.seq2seq_models import VOCAB, load_quill_model, write_hf_model
 from tests.tiny_tokenizers import build_hf_tokenizer
@@ -19,13 +20,15 @@ pytest.importorskip("transformers")
 EOS = 2
 
 
-def _engine(directory, family: str, banned: list[int] = (), **cache) -> tuple[EngineCore, object]:
+def _engine(directory, family: str, banned: list[int] = (), bad_words: list[list[int]] = (),
+            forced_eos: list[int] = (), **cache) -> tuple[EngineCore, object]:
     reference = write_hf_model(directory, family)
     model = load_quill_model(directory)
     eos = reference.config.eos_token_id
     loaded = LoadedModel(name=family, path=directory, architecture="seq2seq", model=model,
                          tokenizer=Tokenizer(build_hf_tokenizer(VOCAB), eos), eos_token_ids=[eos],
-                         device=torch.device("cpu"), dtype=torch.float32, banned_token_ids=list(banned))
+                         device=torch.device("cpu"), dtype=torch.float32, banned_token_ids=list(banned),
+                         bad_words_ids=list(bad_words), forced_eos_token_ids=list(forced_eos))
     return EngineCore(loaded, EngineConfig(cache=CacheConfig(**cache))), reference
 
 
@@ -50,9 +53,10 @@ def _sources(count: int, seed: int = 3) -> list[list[int]]:
 
 
 def _generated(reference, source, start, **kwargs):
-    # forced_eos_token_id off: the checkpoints' configs (FSMT's) would force EOS at the length limit
+    # forced_eos_token_id off unless asked for: the checkpoints' configs (FSMT's) would force EOS at the length limit
+    kwargs.setdefault("forced_eos_token_id", None)
     out = reference.generate(torch.tensor([source]), do_sample=False, return_dict_in_generate=True,
-                             output_scores=True, forced_eos_token_id=None, **kwargs)
+                             output_scores=True, **kwargs)
     eos = reference.config.eos_token_id
     rows = [row[1:].tolist() for row in out.sequences]
     rows = [row[: row.index(eos) + 1] if eos in row else row for row in rows]  # shorter rows are padded after EOS
@@ -106,29 +110,92 @@ def test_forced_first_token_equals_forced_bos(tmp_path):
         assert [finals[f"b{i}"][j][2] for j in range(2)] == pytest.approx(scores, abs=1e-4)
 
 
+def _greedy_answers(directory, family: str, sources: list[list[int]], max_tokens: int) -> list[list[int]]:
+    free, reference = _engine(directory, family)
+    for i, source in enumerate(sources):
+        free.add_request(f"g{i}", [reference.config.decoder_start_token_id], SamplingParams(max_tokens=max_tokens, temperature=0), encoder_token_ids=source)
+    finals = _run(free)
+    return [finals[f"g{i}"][0][0] for i in range(len(sources))]
+
+
 def test_banned_tokens_are_never_generated_as_bad_words_ids_makes_generate(tmp_path):
     """A checkpoint's one-token bad words (Marian bans its pad token so): banned here at the greedy answers' own
     favourite tokens, so that the ban changes them; greedy and beam answers equal `generate(bad_words_ids=...)`.
     (Beam scores are not compared: transformers bans after the log-softmax, the engine before it, so the banned
     tokens' share of the normaliser differs.)"""
-    free, _ = _engine(tmp_path / "free", "marian")
     sources = _sources(3, seed=7)
-    for i, source in enumerate(sources):
-        free.add_request(f"g{i}", [2], SamplingParams(max_tokens=8, temperature=0), encoder_token_ids=source)
-    favourites = sorted({tokens[0] for final in _run(free).values() for tokens, _, _ in final.values()})
+    favourites = sorted({answer[0] for answer in _greedy_answers(tmp_path / "free", "marian", sources, 8)})
     engine, reference = _engine(tmp_path / "banned", "marian", banned=favourites)
+    start = reference.config.decoder_start_token_id
     for i, source in enumerate(sources):
-        engine.add_request(f"g{i}", [2], SamplingParams(max_tokens=8, temperature=0), encoder_token_ids=source)
-        engine.add_request(f"b{i}", [2], SamplingParams(max_tokens=8, temperature=0, use_beam_search=True,
+        engine.add_request(f"g{i}", [start], SamplingParams(max_tokens=8, temperature=0), encoder_token_ids=source)
+        engine.add_request(f"b{i}", [start], SamplingParams(max_tokens=8, temperature=0, use_beam_search=True,
                                                         beam_width=3, n=2), encoder_token_ids=source)
     finals = _run(engine)
     bad_words = [[t] for t in favourites]
     for i, source in enumerate(sources):
-        greedy, _ = _generated(reference, source, 2, max_new_tokens=8, bad_words_ids=bad_words)
+        greedy, _ = _generated(reference, source, 2, max_new_tokens=8, bad_words_ids=bad_words, num_beams=1)
         assert finals[f"g{i}"][0][0] == greedy[0] and not set(greedy[0]) & set(favourites)
         beams, _ = _generated(reference, source, 2, max_new_tokens=8, bad_words_ids=bad_words, num_beams=3,
                               num_return_sequences=2)
         assert [finals[f"b{i}"][j][0] for j in range(2)] == beams
+
+
+def test_longer_bad_words_equal_generate(tmp_path):
+    """A checkpoint's bad words of two tokens, each the first two tokens of a greedy answer: the second is banned
+    only right after the first. Greedy and beam answers, with their scores, equal `generate(bad_words_ids=...)`;
+    a request's own bad words (SamplingParams.bad_words_token_ids) count beside the checkpoint's."""
+    sources = _sources(3, seed=11)
+    answers = _greedy_answers(tmp_path / "free", "marian", sources, 8)
+    checkpoint_words = [answers[0][:2], answers[1][:2]]
+    own = [answers[2][:2]]
+    engine, reference = _engine(tmp_path / "banned", "marian", bad_words=checkpoint_words)
+    start = reference.config.decoder_start_token_id
+    for i, source in enumerate(sources):
+        engine.add_request(f"g{i}", [start], SamplingParams(max_tokens=8, temperature=0, bad_words_token_ids=own),
+                           encoder_token_ids=source)
+        engine.add_request(f"b{i}", [start], SamplingParams(max_tokens=8, temperature=0, use_beam_search=True,
+                                                        beam_width=3, n=2, bad_words_token_ids=own),
+                           encoder_token_ids=source)
+    finals = _run(engine)
+    words = own + checkpoint_words
+    for i, source in enumerate(sources):
+        greedy, _ = _generated(reference, source, 2, max_new_tokens=8, bad_words_ids=words, num_beams=1)
+        assert finals[f"g{i}"][0][0] == greedy[0] != answers[i]
+        beams, scores = _generated(reference, source, 2, max_new_tokens=8, bad_words_ids=words, num_beams=3,
+                                   num_return_sequences=2)
+        assert [finals[f"b{i}"][j][0] for j in range(2)] == beams
+        assert [finals[f"b{i}"][j][2] for j in range(2)] == pytest.approx(scores, abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ["marian", "fsmt"])
+def test_forced_eos_at_the_limit_equals_generate(tmp_path, family):
+    """forced_eos_token_id (Marian's, BART's, FSMT's configs): the last token max_tokens allows is EOS, greedy
+    and beam, as `generate()` forces it; the answer still says it was cut by the length."""
+    sources = _sources(4, seed=13)
+    engine, reference = _engine(tmp_path, family, forced_eos=[EOS])
+    start = reference.config.decoder_start_token_id
+    beam = dict(temperature=0, use_beam_search=True, beam_width=4, n=3, length_penalty=0.8)
+    for i, source in enumerate(sources):
+        engine.add_request(f"g{i}", [start], SamplingParams(max_tokens=7, temperature=0, logprobs=1),
+                           encoder_token_ids=source)
+        engine.add_request(f"b{i}", [start], SamplingParams(max_tokens=7, **beam), encoder_token_ids=source)
+    deltas = {}
+    while engine.has_work():
+        for out in engine.step():
+            deltas.setdefault(out.request_id, []).append(out)
+    outputs = {request: merge_outputs(outs) for request, outs in deltas.items()}
+    for i, source in enumerate(sources):
+        greedy, _ = _generated(reference, source, 2, max_new_tokens=7, forced_eos_token_id=EOS, num_beams=1)
+        got = outputs[f"g{i}"].outputs[0]
+        assert got.token_ids == greedy[0] and len(greedy[0]) == 7 and greedy[0][-1] == EOS
+        assert got.finish_reason == "length" and got.logprobs[-1].logprob == 0.0
+        beams, scores = _generated(reference, source, 2, max_new_tokens=7, forced_eos_token_id=EOS, num_beams=4,
+                                   num_return_sequences=3, length_penalty=0.8)
+        answer = outputs[f"b{i}"].outputs
+        assert [o.token_ids for o in answer] == beams
+        assert [o.score for o in answer] == pytest.approx(scores, abs=1e-4)
+        assert all(o.finish_reason == "length" for o in answer if o.token_ids[-1] == EOS and len(o.token_ids) == 7)
 
 
 def _encoder_blocks_held(engine: EngineCore, params: SamplingParams, source: list[int]) -> int:

@@ -17,7 +17,8 @@ from quill.server.sampling import SamplingParams
 
 from ..request_schema import RequestSchema
 from ..structured_fields import GuidedFields
-from ..validation import build_params, check_top_k, parse_logit_bias, stop_list, stop_strings
+from ..bad_words import bad_words_token_ids
+from ..validation import build_params, check_stop, check_top_k, parse_logit_bias, stop_list, stop_strings
 
 
 class StreamOptions(RequestSchema):
@@ -41,6 +42,7 @@ class VLLMExtensions(GuidedFields):
     length_penalty_type: Literal["power", "wu"] = "power"  # "wu": OpenNMT's (Wu et al. 2016)
     early_stopping: bool | Literal["never"] = False
     no_repeat_ngram_size: int = 0  # transformers' rule: never repeat an n-gram of this size (0: off)
+    bad_words: list[str] | None = None  # never generated (bad_words.py)
     skip_special_tokens: bool = Field(default=True, description="drop special tokens from the text")
 
 
@@ -62,6 +64,7 @@ class OpenAISampling(VLLMExtensions):
         checked before the prompt is read."""
         check_top_k(self.top_k)
         stop_strings(config, self.stop)
+        check_stop(config, self.bad_words or [], "bad_words")  # searched at every step, as stop strings are
         parse_logit_bias(self.logit_bias)
 
     def sampling_params(self, hosted: HostedModel, *, n: int, beam_width: int, max_tokens: int,
@@ -80,6 +83,7 @@ class OpenAISampling(VLLMExtensions):
             early_stopping=self.early_stopping,
             skip_special_tokens=self.skip_special_tokens, structured=self.structured_output()[0],
             no_repeat_ngram_size=self.no_repeat_ngram_size, forced_token_ids=forced_token_ids or [],
+            bad_words_token_ids=bad_words_token_ids(hosted.loaded.tokenizer, self.bad_words),
         )
 
 

@@ -143,7 +143,7 @@ def plain_tail(tail: list[tuple[Sequence, int]]) -> bool:
         group = seq.group
         p = group.params
         if (p.use_beam_search or p.structured is not None or p.has_penalties or p.min_tokens > 0 or p.logit_bias
-                or p.no_repeat_ngram_size or (not group.is_forked and (p.n > 1 or p.prompt_logprobs is not None))):
+                or p.bans_by_history or (not group.is_forked and (p.n > 1 or p.prompt_logprobs is not None))):
             return False
     return True
 
