@@ -36,7 +36,8 @@ def test_sixteen_bit_checkpoint_loads_in_any_dtype(tmp_path):
     assert all(t.dtype == torch.float16 for t in load_file(tmp_path / "model.safetensors").values())
     for dtype in ("float32", "bfloat16", "float16"):
         loaded = load_checkpoint(tmp_path, device="cpu", dtype=dtype)
-        assert loaded.model.embed.weight.dtype == getattr(torch, dtype)
+        assert loaded.model.embed.weight.dtype == (loaded.dtype if loaded.weights_dtype else getattr(torch, dtype))
+        assert loaded.model.layers[0].attn.qkv.weight.dtype == getattr(torch, dtype)
 
 
 def expect_error(path, *fragments):

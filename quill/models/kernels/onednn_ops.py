@@ -7,7 +7,8 @@ float32 on a 2-core AVX2 EPYC; at 256 rows F.linear is as fast or 10% faster, so
 `PACKED_MAX_ROWS` rows (prompt chunks, large batches) keep F.linear (`python -m benchmarks.cpu_linear`). The packed copy is made on a weight's first use and kept beside it, so
 that everything else reading weights (tied embeddings, saving, training) sees them unchanged: the linear
 weights take their memory twice. A weight replaced, or changed in place outside inference mode, is packed
-again; a dtype oneDNN cannot pack on this CPU (bfloat16 without AVX-512) runs `F.linear`.
+again; a dtype oneDNN cannot pack on this CPU (bfloat16 without AVX-512) runs `F.linear`, as does a bfloat16
+weight under float32 inputs (narrow_weights.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.nn.functional as F
 
 from .torch_ops import ACTIVATIONS, TorchLayerOps
 
@@ -44,7 +44,7 @@ class OneDnnLayerOps(TorchLayerOps):
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         packed = self._packed_for(x, weight)
         if packed is None:
-            return F.linear(x, weight, bias)
+            return super().linear(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
     def linear_act(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

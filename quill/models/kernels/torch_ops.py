@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .narrow_weights import widened
+
 ACTIVATIONS = {
     "silu": F.silu,
     "gelu": F.gelu,
@@ -46,6 +48,8 @@ class TorchLayerOps:
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if weight.dtype != x.dtype:  # a narrowed weight (narrow_weights.py); autograd keeps its own copy
+            weight = weight.to(x.dtype) if torch.is_grad_enabled() else widened(weight, x.dtype)
         return F.linear(x, weight, bias)
 
     def linear_act(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

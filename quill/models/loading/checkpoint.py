@@ -12,6 +12,7 @@ tokenizer applies around tokenizer.json (metadata "text_rules": fastai's case ma
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from torch import nn
 from ..attention import select_attention_backend
 from ..families.registry import ARCHITECTURES
 from ..kernels import select_layer_ops
+from ..kernels.narrow_weights import narrow_linear_weights, narrows_weights
 from ..kernels.ops_linear import route_linears
 from ..state import holds_kv
 from ..text.tokenizer import Tokenizer
@@ -37,6 +39,8 @@ __all__ = ["BUNDLED_DIR", "CheckpointError", "GENERATION_CONFIG_MODES", "LoadedM
            "resolve_checkpoint_path", "save_checkpoint"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+log = logging.getLogger(__name__)
+
 GENERATION_CONFIG_MODES = ("auto", "none")  # vLLM's --generation-config: apply the checkpoint's defaults, or not
 
 
@@ -49,7 +53,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     eos_token_ids: list[int]  # config.json's, then generation_config.json's: any of them ends a sequence
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype  # of its arithmetic, activations and caches
     metadata: dict = field(default_factory=dict)
     model_id: str = ""  # as asked for: hub id ("org/name"), bundled name or directory; default: the path
     revision: str | None = None  # commit of the hub snapshot it was loaded from
@@ -64,6 +68,7 @@ class LoadedModel:
     special_tokens: dict[str, str] = field(default_factory=dict)  # "bos_token" -> "<s>", ... (what templates see)
     chat_templates: dict[str, str] = field(default_factory=dict)  # name -> Jinja source; the main one is "default"
     add_bos_token: bool = False  # tokenizer.encode(text) starts with bos_token (so a rendered template must not)
+    weights_dtype: torch.dtype | None = None  # its linear weights' where that differs (narrow_weights.py)
     # An encoder-decoder model's tokenizers: its sources' ids and languages (`tokenizer` is its target side's)
     seq2seq: object = None  # Seq2SeqTokenizer (quill/models/text/seq2seq_tokenizer.py)
 
@@ -243,6 +248,9 @@ def load_checkpoint(
         raise CheckpointError(path / WEIGHTS_FILE, "missing file")
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
+    narrow = narrows_weights(device, dtype)  # bfloat16 asked for where the CPU has no bfloat16 arithmetic
+    if narrow:
+        dtype = torch.float32
     keep_float32_exact(device, dtype)
     architecture, config, eos_ids, metadata = read_config(path / CONFIG_FILE)
     generation = read_generation_config(path)
@@ -279,6 +287,10 @@ def load_checkpoint(
     model.eval().requires_grad_(False)
     ops = select_layer_ops(layer_ops, device)
     route_linears(model, ops)  # the families that call their linear modules run them through the ops too
+    if narrow:
+        count = narrow_linear_weights(model)
+        log.info("%s: this CPU has no bfloat16 arithmetic: %d linear weights kept in bfloat16, widened to float32 "
+                 "for each product; activations and caches float32", name, count)
     if holds_kv(model):  # only models with attention layers have an attention backend to choose
         model.attention_backend = select_attention_backend(attention_backend, device).name
         model.layer_ops = ops
@@ -292,4 +304,5 @@ def load_checkpoint(
         forced_eos_token_ids=generation.forced_eos_token_ids if generation_config == "auto" else [],
         special_tokens=tokenizer_config.special_tokens, chat_templates=tokenizer_config.chat_templates,
         add_bos_token=tokenizer.adds_bos(tokenizer_config.special_tokens.get("bos_token")), seq2seq=seq2seq,
+        weights_dtype=torch.bfloat16 if narrow else None,
     )
