@@ -124,7 +124,7 @@ class Client(_Base):
 
     def models(self) -> list[ModelInfo]:
         data = self._send("GET", "/v1/models").json()["data"]
-        return [ModelInfo(m["id"], m.get("architecture"), m.get("max_model_len")) for m in data]
+        return [ModelInfo.from_json(m) for m in data]
 
     def health(self) -> bool:
         try:
@@ -189,7 +189,7 @@ class AsyncClient(_Base):
 
     async def models(self) -> list[ModelInfo]:
         data = (await self._send("GET", "/v1/models")).json()["data"]
-        return [ModelInfo(m["id"], m.get("architecture"), m.get("max_model_len")) for m in data]
+        return [ModelInfo.from_json(m) for m in data]
 
     async def health(self) -> bool:
         try:

@@ -54,3 +54,11 @@ class ModelInfo:
     id: str
     architecture: str | None = None
     max_model_len: int | None = None
+    encoder_decoder: bool = False  # a translation or summarization model: the prompt is its source
+    languages: list[str] = field(default_factory=list)  # codes its source_lang/target_lang take; [] for none
+    max_source_len: int | None = None  # source tokens its encoder reads
+
+    @classmethod
+    def from_json(cls, m: dict) -> "ModelInfo":
+        return cls(m["id"], m.get("architecture"), m.get("max_model_len"), bool(m.get("encoder_decoder")),
+                   list(m.get("languages") or []), m.get("max_source_len"))

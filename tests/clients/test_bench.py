@@ -1,4 +1,5 @@
-"""`quill bench` against a real server on tiny models: the JSON and the plots. No performance asserts."""
+"""`quill bench` against a real server on tiny models: the JSON and the plots, and an encoder-decoder (translation)
+model's requests with their languages. No performance asserts."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import pytest
 from quill.clients.bench.context_sweep import verdict
 from quill.clients.bench.report import distribution, percentile
 from quill.clients.bench.target import require_loopback
-from quill.clients.bench.workload import TargetModel, WorkloadSpec, build_requests, parse_mix, parse_range
+from quill.clients.bench.workload import (SOURCE_MARKERS, TargetModel, WorkloadSpec, build_requests, parse_mix,
+                                          parse_range)
+from quill.clients.request import completion_body
 from quill.cli import main
+from tests.conftest import LiveServer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Tiny everything: the tiny transformer's context is 64 tokens and its tokenizer splits words finely.
@@ -75,6 +79,23 @@ def test_token_id_prompts_have_exact_lengths_inside_the_vocabulary():
         build_requests(spec, {"m": TargetModel(1024)})
     with pytest.raises(ValueError, match="prompts"):
         WorkloadSpec(prompts="bytes")
+
+
+def test_an_encoder_decoder_gets_its_languages_in_turn_and_a_source_that_fits_its_encoder():
+    spec = WorkloadSpec(num_requests=40, prompt_len=(10, 60), max_tokens=(5, 80), models=["mt", "lm"], seed=2)
+    mt = TargetModel(64, encoder_decoder=True, max_source_len=24, source_lang="en", target_langs=("fr", "de", "es"))
+    requests = build_requests(spec, {"mt": mt, "lm": TargetModel(64)})
+    translations = [r for r in requests if r.model == "mt"]
+    assert [r.target_lang for r in translations] == ["fr", "de", "es"] * 6 + ["fr", "de"]
+    assert all(r.source_lang == "en" and r.encoder_decoder for r in translations)
+    assert all(r.target_prompt_tokens <= 24 - SOURCE_MARKERS and r.max_tokens <= 63 for r in translations)
+    assert max(r.max_tokens for r in translations) > 32  # the decoder holds the output alone, not the source
+    body = completion_body(translations[1].prompt, **translations[1].options(ignore_eos=True))
+    assert (body["source_lang"], body["target_lang"]) == ("en", "de")
+    for r in requests[1::2]:  # the decoder-only model's requests carry no language
+        body = completion_body(r.prompt, **r.options(ignore_eos=True))
+        assert r.model == "lm" and not {"source_lang", "target_lang"} & set(body)
+        assert r.target_prompt_tokens + r.max_tokens <= 64
 
 
 def test_context_verdict_compares_the_curve_with_theory():
@@ -176,3 +197,54 @@ def test_context_sweep_table(live_server, tmp_path, capsys):
     assert "ms/token" in out and "tiny-lstm (lstm):" in out and "theory" in out
     with open(result["plots"][0], "rb") as f:
         assert f.read(8) == PNG_MAGIC
+
+
+# ---- an encoder-decoder (translation) model ------------------------------------------
+
+@pytest.fixture(scope="module")
+def translation_server(tiny_checkpoints, tmp_path_factory):
+    from tests.seq2seq_models import write_checkpoint
+
+    m2m = tmp_path_factory.mktemp("m2m")
+    write_checkpoint(m2m, "m2m_100")  # refuses a request without a source and a target language
+    with LiveServer({"tiny-m2m": str(m2m), "tiny-lstm": tiny_checkpoints["tiny-lstm"]}) as server:
+        yield server
+
+
+def test_encoder_decoder_requests_carry_their_languages(translation_server, tmp_path, capsys):
+    code, result = bench(tmp_path, translation_server.url, "--num-requests", "8", "--concurrency", "3",
+                         "--mix", "greedy=0.5,beam=0.25,n2=0.25", "--source-lang", "en", "--target-lang", "fr,de")
+    assert code == 0
+    models = {m["id"]: m for m in result["models"]}
+    assert models["tiny-m2m"]["encoder_decoder"] is True and models["tiny-lstm"]["encoder_decoder"] is False
+    assert result["languages"] == {"tiny-m2m": {"source_lang": "en", "target_langs": ["fr", "de"]}}
+    (run,) = result["runs"]
+    s = run["summary"]
+    assert s["num_ok"] == 8 and s["errors_by_status"] == {}  # the M2M100 model answers 400 without both languages
+    translations = [r for r in run["requests"] if r["model"] == "tiny-m2m"]
+    assert [(r["source_lang"], r["target_lang"]) for r in translations] == [("en", "fr"), ("en", "de")] * 2
+    assert all(0 < r["prompt_tokens"] <= models["tiny-m2m"]["max_source_len"] for r in translations)
+    assert all("target_lang" not in r for r in run["requests"] if r["model"] == "tiny-lstm")
+    assert s["encoder_decoder"] == {"tiny-m2m": {"num_sent": 4, "num_ok": 4, "source_langs": ["en"],
+                                                 "target_langs": ["de", "fr"]}}
+    assert set(s["by_target_lang"]) == {"de", "fr"} and all(v["num_ok"] == 2 for v in s["by_target_lang"].values())
+    out = capsys.readouterr().out
+    assert "tiny-m2m (encoder-decoder): 4 of 4 ok, source language en, target languages de, fr" in out
+
+    # No --target-lang: the model's own languages in turn, as /v1/models lists them.
+    code, result = bench(tmp_path, translation_server.url, "--num-requests", "3", "--model", "tiny-m2m",
+                         "--mix", "greedy", "--source-lang", "en")
+    assert code == 0 and result["runs"][0]["summary"]["num_ok"] == 3
+    assert [r["target_lang"] for r in result["runs"][0]["requests"]] == models["tiny-m2m"]["languages"][:3]
+
+
+@pytest.mark.parametrize("flags, message", [
+    ((), "refused the bench's languages (this checkpoint needs a source language"),
+    (("--source-lang", "en", "--target-lang", "fr,xx"), "tiny-m2m does not take the language(s) xx"),
+    (("--model", "tiny-lstm", "--target-lang", "fr"), "are for encoder-decoder models, and none of tiny-lstm"),
+])
+def test_languages_a_model_cannot_take_stop_the_bench_before_it_runs(translation_server, tmp_path, capsys, flags,
+                                                                      message):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--url", translation_server.url, "--out", str(out), *SMALL, *flags]) == 2
+    assert message in capsys.readouterr().err and not out.exists()

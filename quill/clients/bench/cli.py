@@ -14,7 +14,7 @@ from quill.clients.client import DEFAULT_URL, Client
 
 from . import context_sweep, report
 from .runner import run_workload
-from .target import hosted_models, require_loopback, tokens_per_word
+from .target import hosted_models, model_languages, require_loopback, tokens_per_word
 from .workload import TargetModel, WorkloadSpec, build_requests, parse_mix, parse_range
 
 DEFAULT_MIX = "greedy=0.4,top_p=0.3,beam=0.1,n2=0.2"
@@ -28,6 +28,13 @@ def _int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def _codes(text: str) -> list[str]:
+    codes = [c.strip() for c in text.split(",") if c.strip()]
+    if not codes:
+        raise argparse.ArgumentTypeError(f"expected comma-separated language codes, got {text!r}")
+    return codes
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -59,6 +66,11 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     load.add_argument("--allow-eos", dest="ignore_eos", action="store_false",
                       help="let requests stop at end-of-sequence (default: exactly max_tokens each)")
     load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--source-lang", default=None,
+                      help="encoder-decoder models: the source language of every request (default: none sent)")
+    load.add_argument("--target-lang", type=_codes, default=None, metavar="L1,L2,...",
+                      help="encoder-decoder models: target languages, taken in turn (default: every language the "
+                           "model lists, or none for a model that lists none); prompts are their source text")
     load.add_argument("--warmup", type=int, default=4, help="untimed requests before the first run")
     modes = p.add_argument_group("modes")
     modes.add_argument("--sweep", type=_int_list, default=None, metavar="C1,C2,...",
@@ -94,6 +106,19 @@ def _title(spec: WorkloadSpec, machine: dict) -> str:
             f"\n{machine['cpu']}, {machine['cores']} cores")
 
 
+def _decoder_only(models: list, payload: dict) -> list:
+    """--context-sweep's models: its curve is decode latency against the decoder's context, set against the
+    theory of decoder-only architectures, so encoder-decoders are left out (and said so)."""
+    skipped = [m.id for m in models if m.encoder_decoder]
+    if skipped:
+        print(f"--context-sweep: leaving out the encoder-decoder model(s) {', '.join(skipped)}", file=sys.stderr)
+        payload["context_sweep_skipped"] = skipped
+    kept = [m for m in models if not m.encoder_decoder]
+    if not kept:
+        raise ValueError("--context-sweep measures decoder-only models; every model chosen is an encoder-decoder")
+    return kept
+
+
 def _run_context_sweep(args, models, per_word, payload, plot_dir: Path) -> None:
     from . import plots  # matplotlib loads only when a plot is drawn
 
@@ -117,13 +142,15 @@ def _run_context_sweep(args, models, per_word, payload, plot_dir: Path) -> None:
     payload["plots"] = [str(path)]
 
 
-def _run_load(args, models, per_word, payload, plot_dir: Path) -> None:
+def _run_load(args, models, per_word, languages, payload, plot_dir: Path) -> None:
     spec = WorkloadSpec(
         num_requests=args.num_requests, prompt_len=parse_range(args.prompt_len, "--prompt-len"),
         max_tokens=parse_range(args.max_tokens, "--max-tokens"), mix=parse_mix(args.mix),
         models=[m.id for m in models], rate=args.rate, stream=args.stream, ignore_eos=args.ignore_eos, seed=args.seed,
     )
-    targets = {m.id: TargetModel(m.max_model_len or 4096, per_word[m.id]) for m in models}
+    targets = {m.id: TargetModel(m.max_model_len or 4096, per_word[m.id], encoder_decoder=m.encoder_decoder,
+                                 max_source_len=m.max_source_len, source_lang=languages[m.id][0],
+                                 target_langs=languages[m.id][1]) for m in models}
     requests = build_requests(spec, targets)
     concurrencies = args.sweep or [args.concurrency or (None if args.rate else 8)]
     payload["workload"] = spec.describe()
@@ -166,13 +193,23 @@ def run_bench(args: argparse.Namespace) -> int:
     }
     with Client(args.url, api_key=args.api_key, max_retries=0) as client:
         models = hosted_models(client, args.model)
+        if args.context_sweep:
+            models = _decoder_only(models, payload)
         payload["models"] = [vars(m) for m in models]
-        per_word = {m.id: tokens_per_word(client, m) for m in models}
+        languages = {m.id: model_languages(m, args.source_lang, args.target_lang) for m in models}
+        if (args.source_lang or args.target_lang) and not any(m.encoder_decoder for m in models):
+            raise ValueError("--source-lang and --target-lang are for encoder-decoder models, and none of "
+                             f"{', '.join(m.id for m in models)} is one")
+        per_word = {m.id: tokens_per_word(client, m, languages[m.id][0], next(iter(languages[m.id][1]), None))
+                    for m in models}
     payload["tokens_per_word"] = per_word
+    # what each encoder-decoder model's requests carry: the report names them
+    payload["languages"] = {m.id: {"source_lang": languages[m.id][0], "target_langs": list(languages[m.id][1])}
+                            for m in models if m.encoder_decoder}
     if args.context_sweep:
         _run_context_sweep(args, models, per_word, payload, plot_dir)
     else:
-        _run_load(args, models, per_word, payload, plot_dir)
+        _run_load(args, models, per_word, languages, payload, plot_dir)
     print(f"results: {report.write_json(out, payload)}")
     # Non-zero when a request failed; requests cut off by the duration cap are not failures.
     failed = any(set(r["summary"]["errors_by_status"]) - {"cancelled"} for r in payload.get("runs", []))

@@ -54,6 +54,17 @@ def _breakdown(ok: list[RequestResult], key, seconds: float) -> dict:
     return out
 
 
+def _encoder_decoders(results: list[RequestResult]) -> dict:
+    """Per encoder-decoder model: its requests, and the languages they carried (sorted; [] when none)."""
+    out = {}
+    for model in sorted({r.model for r in results if r.encoder_decoder}):
+        mine = [r for r in results if r.model == model]
+        out[model] = {"num_sent": len(mine), "num_ok": sum(r.is_ok for r in mine),
+                      "source_langs": sorted({r.source_lang for r in mine if r.source_lang}),
+                      "target_langs": sorted({r.target_lang for r in mine if r.target_lang})}
+    return out
+
+
 def summarize(run: RunResult) -> dict:
     ok = [r for r in run.results if r.is_ok]
     completion = sum(r.completion_tokens for r in ok)
@@ -71,6 +82,8 @@ def summarize(run: RunResult) -> dict:
         **_latencies(ok),
         "by_model": _breakdown(ok, lambda r: r.model, seconds),
         "by_strategy": _breakdown(ok, lambda r: r.strategy, seconds),
+        "encoder_decoder": _encoder_decoders(run.results),
+        "by_target_lang": _breakdown([r for r in ok if r.target_lang], lambda r: r.target_lang, seconds),
     }
 
 
@@ -80,9 +93,17 @@ def request_records(run: RunResult) -> list[dict]:
         {"index": r.index, "model": r.model, "strategy": r.strategy, "status": r.status, "start_s": r.start,
          "ttft_s": None if r.answers_at_end else r.ttft, "e2e_s": r.latency, "tpot_s": r.tpot,
          "itl_mean_s": sum(r.chunk_gaps) / len(r.chunk_gaps) if r.chunk_gaps else None,
-         "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens, "error": r.error}
+         "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens, "error": r.error,
+         **({"source_lang": r.source_lang, "target_lang": r.target_lang} if r.encoder_decoder else {})}
         for r in run.results
     ]
+
+
+def _codes(codes: list[str], empty: str, shown: int = 8) -> str:
+    if not codes:
+        return empty
+    more = f" and {len(codes) - shown} more" if len(codes) > shown else ""
+    return ", ".join(codes[:shown]) + more
 
 
 def _ms(value: float | None) -> str:
@@ -109,6 +130,9 @@ def format_summary(s: dict) -> str:
             lines.append(f"  {model}: {m['num_ok']} ok, {m['output_token_throughput']:.1f} output tok/s, "
                          f"TTFT p50 {_ms(m['ttft_s']['p50'])} ms, inter-token p50 {_ms(m['itl_s']['p50'])} ms, "
                          f"end to end p50 {_ms(m['e2e_s']['p50'])} ms")
+    for model, m in s.get("encoder_decoder", {}).items():
+        lines.append(f"  {model} (encoder-decoder): {m['num_ok']} of {m['num_sent']} ok, source language "
+                     f"{_codes(m['source_langs'], 'not sent')}, target languages {_codes(m['target_langs'], 'none')}")
     errors = s["errors_by_status"]
     lines.append("errors: " + (", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) if errors else "none"))
     return "\n".join(lines)

@@ -37,6 +37,9 @@ class RequestResult:
     num_choices: int = 1
     error: str | None = None
     texts: dict[int, str] = field(default_factory=dict)  # each choice's text, as it arrived
+    encoder_decoder: bool = False
+    source_lang: str | None = None  # the languages the request carried (None: not sent)
+    target_lang: str | None = None
 
     @property
     def is_ok(self) -> bool:
@@ -123,9 +126,10 @@ async def send(http: httpx.AsyncClient, request: BenchRequest, stream: bool, ign
     t0 = time.perf_counter()
     s = request.strategy
     result = RequestResult(request.index, request.model, s.name, s.answers_at_end, "connection", t0 - run_start,
-                           num_choices=s.options.get("n", 1))
+                           num_choices=s.options.get("n", 1), encoder_decoder=request.encoder_decoder)
     into[request.index] = result
     body = completion_body(request.prompt, stream=stream, **request.options(ignore_eos))
+    result.source_lang, result.target_lang = body.get("source_lang"), body.get("target_lang")  # as sent
     try:
         if stream:
             await _send_streamed(http, body, result, t0)

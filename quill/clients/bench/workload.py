@@ -8,7 +8,8 @@ Prompts are of two kinds:
 - text (`quill bench`'s default): words drawn (seeded) from a list of common Shakespearean words,
   built without a tokenizer. Each model's tokens per word (from one probe) turns `prompt_len` into a
   word count, so lengths are in tokens approximately, for any tokenizer; the JSON records the exact
-  counts the server reports.
+  counts the server reports. An encoder-decoder (translation) model's prompt is its source text, sized to
+  its encoder's `max_source_len`, and its requests carry its languages (target languages in turn).
 - token ids: exactly `prompt_len` ids drawn from [1, vocab_size) (id 0 is left out: the benchmarks'
   tokenizers keep end-of-sequence there). No two prompts share a prefix, so prefix caching cannot help.
 """
@@ -96,6 +97,8 @@ def parse_range(text: str, name: str) -> tuple[int, int]:
     return lo, hi
 
 
+SOURCE_MARKERS = 3  # tokens an encoder-decoder's source holds besides its text (a language or <s>, </s>), and a spare
+
 PROMPT_KINDS = {  # kind -> how the JSON describes it
     "text": "seeded random Shakespearean words; lengths in tokens via each model's tokens-per-word",
     "ids": "seeded random token ids in [1, vocab_size), exactly prompt_len of them",
@@ -104,11 +107,15 @@ PROMPT_KINDS = {  # kind -> how the JSON describes it
 
 @dataclass(frozen=True)
 class TargetModel:
-    """What sizing a model's prompts needs to know about it."""
+    """What sizing a model's prompts needs to know about it, and the languages an encoder-decoder's requests carry."""
 
-    max_model_len: int
+    max_model_len: int  # an encoder-decoder's: its decoder's (start token and output)
     tokens_per_word: float = 1.0  # text prompts: measured with the model's tokenizer
     vocab_size: int | None = None  # token-id prompts: ids are drawn below it
+    encoder_decoder: bool = False
+    max_source_len: int | None = None  # an encoder-decoder's source limit (None: max_model_len)
+    source_lang: str | None = None
+    target_langs: tuple[str, ...] = ()  # the model's requests take these in turn; () for none
 
 
 @dataclass
@@ -151,12 +158,15 @@ class BenchRequest:
     strategy: Strategy
     send_at: float  # seconds after the start of the run (0 for all under fixed concurrency)
     seed: int
+    encoder_decoder: bool = False
+    source_lang: str | None = None
+    target_lang: str | None = None
 
     def options(self, ignore_eos: bool) -> dict:
-        """Keyword options for `completion_body`."""
+        """Keyword options for `completion_body` (a language left unset is left out)."""
         extra = {} if "beam_width" in self.strategy.options else {"seed": self.seed}
         return dict(model=self.model, max_tokens=self.max_tokens, ignore_eos=ignore_eos or None,
-                    **self.strategy.options, **extra)
+                    source_lang=self.source_lang, target_lang=self.target_lang, **self.strategy.options, **extra)
 
 
 def make_prompt(rng: random.Random, num_words: int) -> str:
@@ -179,7 +189,8 @@ def _prompt(spec: WorkloadSpec, rng: random.Random, target: TargetModel, num_tok
 def build_requests(spec: WorkloadSpec, targets: dict[str, TargetModel], salt: int = 0) -> list[BenchRequest]:
     """The whole workload, reproducible from `spec.seed` (and `salt`, which warm-up requests change).
 
-    A request that would not fit its model's context gets a shorter prompt, then fewer new tokens.
+    A request that would not fit its model's context gets a shorter prompt, then fewer new tokens. An
+    encoder-decoder's source fits its encoder and its output its decoder, apart; its target languages go in turn.
     """
     rng = random.Random(spec.seed * 1_000_003 + salt)
     strategies, weights = zip(*spec.mix)
@@ -188,13 +199,22 @@ def build_requests(spec: WorkloadSpec, targets: dict[str, TargetModel], salt: in
         model = spec.models[i % len(spec.models)]
         target = targets[model]
         limit = target.max_model_len
-        max_tokens = min(rng.randint(*spec.max_tokens), max(1, limit // 2))
-        prompt_tokens = max(1, min(rng.randint(*spec.prompt_len), limit - max_tokens - 2))
+        if target.encoder_decoder:  # the same draws, in the same order, as a decoder-only model's
+            max_tokens = min(rng.randint(*spec.max_tokens), max(1, limit - 1))  # the decoder's start token
+            if target.target_langs:  # a target language may be forced as the first token, which max_tokens counts
+                max_tokens = max(max_tokens, 2)
+            source_limit = (target.max_source_len or limit) - SOURCE_MARKERS
+            prompt_tokens = max(1, min(rng.randint(*spec.prompt_len), source_limit))
+        else:
+            max_tokens = min(rng.randint(*spec.max_tokens), max(1, limit // 2))
+            prompt_tokens = max(1, min(rng.randint(*spec.prompt_len), limit - max_tokens - 2))
         prompt = _prompt(spec, rng, target, prompt_tokens)
         if spec.rate is not None:
             clock += rng.expovariate(spec.rate)
+        turn = i // len(spec.models)  # this model's request number
         requests.append(BenchRequest(
             i, model, prompt, prompt_tokens, max_tokens, rng.choices(strategies, weights)[0],
-            clock if spec.rate is not None else 0.0, spec.seed * 100_000 + i,
+            clock if spec.rate is not None else 0.0, spec.seed * 100_000 + i, target.encoder_decoder,
+            target.source_lang, target.target_langs[turn % len(target.target_langs)] if target.target_langs else None,
         ))
     return requests

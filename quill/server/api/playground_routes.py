@@ -22,6 +22,7 @@ ASSETS = {  # every file the page loads; nothing else under /playground/ is serv
     "playground.css": "text/css; charset=utf-8",
     "playground.js": "text/javascript; charset=utf-8",
     "api.js": "text/javascript; charset=utf-8",
+    "seq2seq.js": "text/javascript; charset=utf-8",
 }
 # The page loads and calls nothing but this server; the policy makes the browser hold it to that.
 PAGE_HEADERS = {

@@ -1,8 +1,9 @@
 """The playground in a real headless browser against a live server over the tiny checkpoints: streaming
 from every model with coloured tokens and their alternatives, greedy and beam search side by side
 equal to what /v1/completions answers, Stop freeing the cache, the server's own error messages, the
-API key, scoring, a phone-sized screen, a page opened while the models still load, and a constrained answer
-whose tips strike through the alternatives its grammar forbade.
+API key, scoring, a phone-sized screen, a page opened while the models still load, a constrained answer
+whose tips strike through the alternatives its grammar forbade, and encoder-decoder (translation) models with
+their source and target languages.
 
 Skipped, naming what to install, without Debian's chromium and chromium-driver (or selenium).
 The chat mode is tested in test_playground_chat.py.
@@ -10,6 +11,7 @@ The chat mode is tested in test_playground_chat.py.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -281,3 +283,71 @@ def test_a_constrained_answer_and_the_alternatives_its_grammar_forbade(page, ser
     forbidden = page.js("return [...document.querySelectorAll('#tip li.forbidden code')].map(c => c.textContent)")
     assert all(not re.match(r"(t|to|b|be)$", text) for text in forbidden), forbidden
     Select(page.element("constraint_kind")).select_by_value("")  # the next tests run unconstrained
+
+
+def test_an_encoder_decoder_model_translates_into_the_language_picked(browser, tiny_checkpoints, tmp_path):
+    from selenium.webdriver.support.ui import Select
+
+    from tests.seq2seq_models import write_checkpoint
+
+    write_checkpoint(tmp_path / "m2m", "m2m_100")  # needs a source and a target language
+    write_checkpoint(tmp_path / "marian", "marian")  # one pair, no language tokens
+    hosted = {"tiny-m2m": str(tmp_path / "m2m"), "tiny-marian": str(tmp_path / "marian"),
+              "tiny-lstm": tiny_checkpoints["tiny-lstm"]}
+    source = "The house is small and the garden was green."
+    with LiveServer(hosted) as live:
+        listed = {m["id"]: m for m in httpx.get(f"{live.url}/v1/models").json()["data"]}
+        browser.set_window_size(*DESKTOP)
+        page = PlaygroundPage(browser, live.url).open()
+        shown = lambda element_id: page.js(f"return !document.getElementById('{element_id}').hidden")
+        sent = lambda: json.loads(page.js("return document.getElementById('request-view').textContent")
+                                  .split("\n\n")[0].split("\n", 1)[1])
+        page.choose_model("tiny-lstm")
+        assert not shown("seq2seq-box") and page.element("prompt-label").text == "Prompt"
+
+        page.choose_model("tiny-m2m")
+        assert shown("seq2seq-box") and shown("lang-box") and not shown("kind-switch")
+        assert page.element("prompt-label").text == "Source text"
+        codes = listed["tiny-m2m"]["languages"]
+        assert {"en", "fr", "de"} <= set(codes)
+        for select in ("source_lang", "target_lang"):
+            assert page.js(f"return [...document.querySelectorAll('#{select} option')].map(o => o.value)") == [
+                "", *codes]
+        Select(page.element("source_lang")).select_by_value("en")
+        Select(page.element("target_lang")).select_by_value("fr")
+        page.fill("prompt", source)
+        page.fill("max_tokens", 8)
+        page.preset("greedy")
+        page.fill("alternatives", 2)
+        page.run()
+        page.wait_idle()
+        [card] = page.cards()
+        expected = completion(live, model="tiny-m2m", prompt=source, max_tokens=8, temperature=0, source_lang="en",
+                              target_lang="fr")
+        assert card["state"] == "done" and card["error"] is None, card
+        assert card["texts"] == [expected["choices"][0]["text"]] and card["tokens"] > 0
+        assert card["title"] == "tiny-m2m · en → fr"
+        assert page.js("return document.querySelectorAll('#outputs .echo').length") == 0  # not a continuation
+        assert {k: sent()[k] for k in ("model", "prompt", "source_lang", "target_lang")} == {
+            "model": "tiny-m2m", "prompt": source, "source_lang": "en", "target_lang": "fr"}
+
+        # Unset, a language is left out of the body: this checkpoint needs a target, and the server says so.
+        Select(page.element("target_lang")).select_by_value("")
+        page.run()
+        page.wait_idle()
+        [card] = page.cards()
+        assert "target_lang" not in sent() and sent()["source_lang"] == "en"
+        assert card["state"] == "error" and card["error"].startswith("400 this checkpoint needs a target language")
+
+        # No language tokens: no selectors, and the body names none.
+        page.choose_model("tiny-marian")
+        assert listed["tiny-marian"]["languages"] == [] and listed["tiny-marian"]["encoder_decoder"] is True
+        assert shown("seq2seq-box") and not shown("lang-box") and not shown("kind-switch")
+        assert "no language codes" in page.element("seq2seq-note").text
+        page.run()
+        page.wait_idle()
+        [card] = page.cards()
+        expected = completion(live, model="tiny-marian", prompt=source, max_tokens=8, temperature=0)
+        assert card["state"] == "done" and card["texts"] == [expected["choices"][0]["text"]], card
+        assert card["title"] == "tiny-marian · source text" and not {"source_lang", "target_lang"} & set(sent())
+        assert_no_page_errors(page)

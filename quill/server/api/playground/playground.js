@@ -1,9 +1,11 @@
 // The playground page: pick a model, write a prompt (or chat messages), set the decoding, and watch
 // the answer stream in with each token coloured by its probability. Three modes: Generate (one
 // request), Compare (the same prompt under two to four decoding settings at once) and Score (the
-// log-probability of every token of a given text, and its perplexity). api.js does the HTTP.
+// log-probability of every token of a given text, and its perplexity). api.js does the HTTP; seq2seq.js
+// the source text and languages of encoder-decoder (translation) models.
 
 import {ApiError, ROUTES, getJson, getText, perplexity, postJson, postStream, scoreBody, scoredTokens} from "./api.js";
+import {isEncoderDecoder, languageFields, modelLabel, showSeq2Seq, sourceTitle} from "./seq2seq.js";
 
 const KEY_STORAGE = "quill-playground-api-key";  // sessionStorage: this tab only, gone when it closes
 const METRICS_EVERY_MS = 1000;
@@ -114,6 +116,7 @@ function readSettings(scopes) {
     if (stops.length > 0) settings.stop = stops;
   }
   if (scopes.includes("shared") && $("ignore_eos").checked) settings.ignore_eos = true;
+  if (scopes.includes("shared")) Object.assign(settings, languageFields());  // an encoder-decoder's languages
   if (scopes.includes("constraint")) {
     const constraint = readConstraint();
     if (constraint !== null) settings.structured_outputs = constraint;
@@ -610,8 +613,10 @@ async function runGenerate(state) {
   const input = readInput(routeName);
   const body = route.body($("model").value, input, readSettings(SCOPES_SHOWN.generate), readAlternatives());
   describeRequest([{path: route.path, body}]);
-  const card = newCard(`${$("model").value} · ${routeName === "chat" ? "chat" : "prompt"}`);
-  if (routeName === "completion") card.echo = input;
+  const model = currentModel(state);
+  const kind = routeName === "chat" ? "chat" : sourceTitle(model, body) ?? "prompt";
+  const card = newCard(`${$("model").value} · ${kind}`);
+  if (routeName === "completion" && !isEncoderDecoder(model)) card.echo = input;  // its answer does not continue the source
   if (body.structured_outputs) card.grammar = {model: body.model, structured_outputs: body.structured_outputs};
   await streamInto(state, card, route, body);
   explainPlainText(card);
@@ -765,6 +770,7 @@ function updateInputKind(state) {
   $("chat-box").hidden = !chat;
   $("prompt-box").hidden = chat;
   $("prompt-label").textContent = state.mode === "score" ? "Text to score" : "Prompt";
+  showSeq2Seq(model, state.mode);
 }
 
 async function loadModels(state) {
@@ -784,7 +790,7 @@ async function loadModels(state) {
   }
   const select = $("model");
   const previous = select.value;
-  select.replaceChildren(...state.models.map((m) => new Option(m.chat ? `${m.id} (chat)` : m.id, m.id)));
+  select.replaceChildren(...state.models.map((m) => new Option(modelLabel(m), m.id)));
   if (state.models.some((m) => m.id === previous)) select.value = previous;
   $("run").disabled = state.models.length === 0;
   updateInputKind(state);
