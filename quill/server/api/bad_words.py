@@ -13,11 +13,11 @@ from quill.models.text.tokenizer import Tokenizer
 from .validation import invalid
 
 
-def bad_words_token_ids(tokenizer: Tokenizer, words: list[str] | None) -> list[list[int]]:
+def bad_words_token_ids(tokenizer: Tokenizer, words: list[str]) -> list[list[int]]:
     """Their number and length were checked with the request's forms (bounded as stop strings are: both are
     searched at every step)."""
     sequences = []
-    for word in words or ():
+    for word in words:
         bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
         if not bare:
             raise invalid(f"bad_words: {word!r} has no tokens", "bad_words")

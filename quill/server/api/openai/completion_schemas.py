@@ -83,7 +83,7 @@ class OpenAISampling(VLLMExtensions):
             early_stopping=self.early_stopping,
             skip_special_tokens=self.skip_special_tokens, structured=self.structured_output()[0],
             no_repeat_ngram_size=self.no_repeat_ngram_size, forced_token_ids=forced_token_ids or [],
-            bad_words_token_ids=bad_words_token_ids(hosted.loaded.tokenizer, self.bad_words),
+            bad_words_token_ids=bad_words_token_ids(hosted.loaded.tokenizer, self.bad_words) if self.bad_words else [],
         )
 
 
