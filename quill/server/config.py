@@ -56,7 +56,7 @@ class ServerConfig:
     async_scheduling: bool | None = None  # launch a decode step before the host commits the one before it;
     # None: on for models on CUDA, off elsewhere (EngineConfig.async_scheduling)
     log_prompts: bool = False  # request logs carry token counts only unless asked
-    threads: int | str | None = None  # torch CPU threads per model's steps; None: torch's; "auto": re-picked under load
+    threads: int | str | None = "auto"  # torch CPU threads per model's steps; "auto": the free usable cores; None: torch's
     # Each model's engine core in a process of its own (True) or on a thread of the server's (False); None: a
     # process on CUDA, where steps take milliseconds and the HTTP side would slow them, a thread on the CPU, where
     # steps are slow and a process per model measured no faster (benchmarks/server_overhead.py).
@@ -219,8 +219,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     arg("--grammar-timeout", float, d.grammar_timeout, "seconds a request's JSON schema, regex or grammar may take "
         "to compile before it is refused with a 400 (compiles are cached per schema)")
     arg("--drain-seconds", float, d.drain_seconds, "on SIGTERM, time in-flight requests get to finish")
-    arg("--threads", _thread_count, d.threads, "torch CPU threads for each model's steps: a number, or 'auto' to "
-        "pick them from measured steps and re-pick when other work takes a core (default: torch's choice)")
+    arg("--threads", _thread_count, d.threads, "torch CPU threads for each model's steps: a number, or 'auto' "
+        "(the default): the cores this process may use (affinity mask, cgroup CPU quota) that other processes "
+        "leave free, re-read every second")
     engine_env = _env("engine_process", None)
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
                    default=None if engine_env is None else engine_env.lower() not in ("0", "false", "no"),

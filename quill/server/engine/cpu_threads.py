@@ -1,11 +1,12 @@
-"""Torch's CPU thread count for one engine's step thread, re-picked from measured decode steps.
+"""Torch's CPU thread count for one engine's step thread: as many as the cores this process may use leave free.
 
-With every core free, a step runs fastest on all of them; with another process (or another hosted
-model, or the HTTP side of this one) busy on a core, OpenMP's barriers wait for the descheduled thread
-and one thread is several times faster than two. So, like the trainer, each engine probes the
-candidate counts on a few decode steps, keeps the fastest, and probes again every so often or when
-steps turn slow. The count is set per thread (OpenMP keeps it per thread), so each hosted model's
-engine picks its own.
+The cores it may use are its affinity mask capped by its cgroup's CPU quota (a container's `--cpus`, a pod's CPU
+limit), which torch's own count ignores. With every one of them free, a step runs fastest on all; with another
+process busy on one, OpenMP's barriers wait for the descheduled thread and one thread fewer is two to four times
+faster. So every `CHECK_SECONDS` the engine reads how many of its cores others kept busy (quill/models/cpu_load.py)
+and runs on the rest, at least one; a change waits for two readings that agree, so a burst does not flip it. The
+count is set per thread (OpenMP keeps it per thread), so each hosted model's engine has its own, and only when it
+changes.
 """
 
 from __future__ import annotations
@@ -14,35 +15,45 @@ import time
 
 import torch
 
-from quill.models.threads import ThreadTuner, available_cores
+from quill.models.cpu_load import OtherLoad
+from quill.models.threads import available_cores
 
-from .core import StepStats
+CHECK_SECONDS = 1.0
+
+
+def fitted_threads(cores: int, others: float | None) -> int:
+    """Threads for `cores` usable cores of which others keep `others` busy (None: unknown, so none)."""
+    busy = 0 if others is None else int(others + 0.5)
+    return max(1, cores - busy)
 
 
 class StepThreads:
-    def __init__(self, fixed: int | None = None):
-        """`fixed`: always this many threads; None: pick among 1, half and all cores."""
-        self.tuner = ThreadTuner([fixed]) if fixed else ThreadTuner.for_cores(available_cores())
-        self.current: int | None = None
-        self._started = 0.0
+    def __init__(self, fixed: int | None = None, load: OtherLoad | None = None):
+        """`fixed`: always this many threads; None: fitted to what other processes leave free."""
+        self.fixed = fixed
+        self.cores = available_cores()
+        self.load = None if fixed else (load or OtherLoad())
+        self.current = torch.get_num_threads()
+        self.wanted = fixed or self.cores
+        self._pending: int | None = None
+        self._checked = time.monotonic()
 
     def before_step(self) -> None:
-        threads = self.tuner.next_threads()
-        if threads != self.current:
-            torch.set_num_threads(threads)
-            self.current = threads
-        self._started = time.perf_counter()
-
-    def after_step(self, stats: StepStats) -> None:
-        """Only decode-only steps are timed: their cost per sequence is comparable from step to step."""
-        if stats.num_seqs and stats.num_tokens == stats.num_seqs:
-            self.tuner.record(self.current, (time.perf_counter() - self._started) / stats.num_seqs)
+        if self.load is not None and time.monotonic() - self._checked >= CHECK_SECONDS:
+            self._checked = time.monotonic()
+            fitted = fitted_threads(self.cores, self.load.cores())
+            if fitted == self._pending:
+                self.wanted = fitted
+            self._pending = fitted
+        if self.wanted != self.current:
+            torch.set_num_threads(self.wanted)
+            self.current = self.wanted
 
 
 def step_threads(device: torch.device, threads: int | str | None) -> StepThreads | None:
-    """What an engine's steps on `device` run with: on the CPU, `threads` if a number, re-picked among the cores
-    this process may use (its affinity mask capped by its cgroup's CPU quota) if "auto"; None (torch's own count)
-    off the CPU or without `threads`."""
+    """What an engine's steps on `device` run with: on the CPU, `threads` if a number, fitted to the cores this
+    process may use and others leave free if "auto" (the server's default); None (torch's own count) off the CPU
+    or without `threads`."""
     if device.type != "cpu" or threads is None:
         return None
     return StepThreads(None if threads == "auto" else threads)

@@ -137,13 +137,15 @@ def test_steps_run_with_the_thread_count_asked_for(tiny_tokenizer):
     assert torch.get_num_threads() == own  # the count is the engine thread's own: the caller's is unchanged
 
 
-def test_auto_picks_among_the_cores_this_process_may_use(monkeypatch):
+def test_auto_fits_the_cores_this_process_may_use(monkeypatch):
     import torch
 
     from quill.server.engine import cpu_threads
 
     monkeypatch.setattr(cpu_threads, "available_cores", lambda: 3)
     assert cpu_threads.step_threads(torch.device("cpu"), None) is None  # torch's own count
-    assert cpu_threads.step_threads(torch.device("cpu"), 1).tuner.candidates == [1]
-    assert cpu_threads.step_threads(torch.device("cpu"), "auto").tuner.candidates == [3, 1]
-    assert cpu_threads.step_threads(torch.device("cuda"), None) is None
+    fixed = cpu_threads.step_threads(torch.device("cpu"), 1)
+    assert (fixed.wanted, fixed.load) == (1, None)
+    auto = cpu_threads.step_threads(torch.device("cpu"), "auto")
+    assert auto.wanted == 3 and auto.load is not None
+    assert cpu_threads.step_threads(torch.device("cuda"), "auto") is None

@@ -26,9 +26,9 @@ log = logging.getLogger("quill.engine")
 class AsyncEngine(EngineFrontend):
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None, name: str | None = None,
                  threads: int | str | None = None):
-        """`threads`: torch CPU threads for the steps: a number, "auto" (measured and re-picked as load
-        changes; a seeded request's log-probabilities may then differ in their last bits between thread
-        counts), or None (torch's choice)."""
+        """`threads`: torch CPU threads for the steps: a number, "auto" (the usable cores that other processes
+        leave free, cpu_threads.py; log-probabilities may differ in their last bits between thread counts), or
+        None (torch's choice)."""
         self.core = EngineCore(loaded, config)
         super().__init__(name or loaded.name, self.core.config)
         self.threads = step_threads(loaded.device, threads)

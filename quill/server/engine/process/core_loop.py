@@ -57,8 +57,6 @@ class CoreLoop:
             if self.threads is not None:
                 self.threads.before_step()
             outputs = self.core.step()
-            if self.threads is not None:
-                self.threads.after_step(self.core.last_step)
         except Exception as e:  # a fault in the model (CUDA out of memory included) must not take the server down
             log.exception("engine step failed")
             if isinstance(e, DeviceLostError):  # the model says so itself (a tensor-parallel group that broke)
