@@ -130,6 +130,16 @@ class PlaygroundPage:
     def wait_idle(self, timeout: float | None = None) -> None:
         self.wait(lambda: self.js("return document.body.dataset.busy") == "", "the request to finish", timeout)
 
+    def greedy_card(self, max_tokens: int, alternatives: int) -> dict:
+        """Run the page's input greedily, `alternatives` shown per token, and read the one result card."""
+        self.fill("max_tokens", max_tokens)
+        self.preset("greedy")
+        self.fill("alternatives", alternatives)
+        self.run()
+        self.wait_idle()
+        [card] = self.cards()
+        return card
+
     # ---- reading results ----
 
     def cards(self) -> list[dict]:

@@ -86,12 +86,7 @@ def test_streams_from_every_model_with_coloured_tokens_and_alternatives(page, se
     for model in page.models():
         page.choose_model(model)
         page.fill("prompt", prompt)
-        page.fill("max_tokens", 12)
-        page.preset("greedy")
-        page.fill("alternatives", 3)
-        page.run()
-        page.wait_idle()
-        [card] = page.cards()
+        card = page.greedy_card(max_tokens=12, alternatives=3)
         expected = completion(server, model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=3)
         assert card["state"] == "done" and card["error"] is None, card
         assert card["texts"] == [expected["choices"][0]["text"]], model
@@ -316,12 +311,7 @@ def test_an_encoder_decoder_model_translates_into_the_language_picked(browser, t
         Select(page.element("source_lang")).select_by_value("en")
         Select(page.element("target_lang")).select_by_value("fr")
         page.fill("prompt", source)
-        page.fill("max_tokens", 8)
-        page.preset("greedy")
-        page.fill("alternatives", 2)
-        page.run()
-        page.wait_idle()
-        [card] = page.cards()
+        card = page.greedy_card(max_tokens=8, alternatives=2)
         expected = completion(live, model="tiny-m2m", prompt=source, max_tokens=8, temperature=0, source_lang="en",
                               target_lang="fr")
         assert card["state"] == "done" and card["error"] is None, card

@@ -49,12 +49,7 @@ def test_a_chat_model_streams_its_reply_through_the_chat_route(page, server):
         remove.click()
     page.element("add-message").click()  # one user message: the tiny model's context is 64 tokens
     page.driver.find_element("css selector", "#messages textarea").send_keys(QUESTION)
-    page.fill("max_tokens", 8)
-    page.preset("greedy")
-    page.fill("alternatives", 2)
-    page.run()
-    page.wait_idle()
-    [card] = page.cards()
+    card = page.greedy_card(max_tokens=8, alternatives=2)
     r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
         "model": "tiny-transformer", "messages": [{"role": "user", "content": QUESTION}],
         "max_tokens": 8, "temperature": 0})
