@@ -16,6 +16,15 @@ from tests.conftest import build_tiny_model
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs a PyTorch with oneDNN")
 
 
+@pytest.fixture(autouse=True)
+def two_threads():
+    """The tests run on one thread, where only wide outputs go the packed way: these test that way at two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("shape", [(5, 24), (2, 3, 24)])
 def test_a_packed_linear_equals_f_linear(shape):
     ops = OneDnnLayerOps()
@@ -112,3 +121,15 @@ def test_other_families_run_their_linear_modules_through_the_layer_ops(key, call
         torch.testing.assert_close(loaded.model(tokens), reference(tokens), atol=1e-5, rtol=1e-5)
     ops = linears[0].ops
     assert ops.name == "onednn" and all(ops.is_packed(getattr(loaded.model, name).weight) for name in called)
+
+
+def test_on_one_thread_only_wide_outputs_go_the_packed_way():
+    from quill.models.kernels.onednn_ops import ONE_THREAD_MIN_OUTPUTS
+
+    ops = OneDnnLayerOps()
+    narrow, wide, x = torch.randn(64, 16), torch.randn(ONE_THREAD_MIN_OUTPUTS, 16), torch.randn(4, 16)
+    torch.set_num_threads(1)  # the fixture puts its count back
+    with torch.inference_mode():
+        torch.testing.assert_close(ops.linear(x, narrow, None), F.linear(x, narrow))
+        torch.testing.assert_close(ops.linear(x, wide, None), F.linear(x, wide), atol=1e-5, rtol=1e-5)
+    assert not ops.is_packed(narrow) and ops.is_packed(wide)
