@@ -67,8 +67,10 @@ class OutputProcessor:
             seq.finish_reason = "length"  # the limit ended it; the model did not choose to
 
     def _forces_eos(self, seq: Sequence, num_output_tokens: int) -> bool:
+        """After a generated token (a token forced at admission, a target language, is followed by a step: a
+        sequence may not end before it is scheduled), when the next is the last max_tokens allows."""
         params = seq.group.params
-        return (num_output_tokens + 1 == params.max_tokens and not params.ignore_eos and not params.use_beam_search
+        return (seq.num_computed > 0 and num_output_tokens + 1 == params.max_tokens and not params.ignore_eos and not params.use_beam_search
                 and params.min_tokens < params.max_tokens and params.structured is None)
 
     def collect(self, group: SequenceGroup) -> tuple[RequestOutput | None, list[Sequence]]:

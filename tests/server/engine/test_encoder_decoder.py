@@ -283,3 +283,17 @@ def test_preempted_requests_answer_as_without_pressure(tmp_path):
             assert engine.scheduler.num_preemptions > 0
             assert engine.cache.encoder.usage == 0 and engine.cache.decoder.usage == 0
     assert answers[0] == answers[1]
+
+
+def test_forced_eos_never_ends_a_sequence_before_its_first_step(tmp_path):
+    """A target language forced as the first token, with max_tokens 2: the one token left is generated (no EOS
+    forced at admission, when the sequence has not been scheduled yet); with 3, the third is the forced EOS."""
+    engine, _ = _engine(tmp_path, "m2m_100", forced_eos=[EOS])
+    sources = _sources(2, seed=5)
+    for max_tokens, source in zip((2, 3), sources):
+        engine.add_request(f"r{max_tokens}", [2], SamplingParams(max_tokens=max_tokens, temperature=0),
+                           encoder_token_ids=source, forced_token_ids=[77])
+    finals = _run(engine)
+    short, longer = finals["r2"][0][0], finals["r3"][0][0]
+    assert len(short) == 2 and short[0] == 77 and short[1] != EOS
+    assert len(longer) == 3 and longer[0] == 77 and longer[2] == EOS
