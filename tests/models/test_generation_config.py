@@ -60,6 +60,8 @@ def test_missing_file_means_nothing(tmp_path):
     ({"eos_token_id": [1, True]}, "eos_token_id must be an integer"),
     ({"bad_words_ids": [5]}, "bad_words_ids must be a list of non-empty lists"),
     ({"bad_words_ids": [[5, "x"]]}, "bad_words_ids must be an integer"),
+    ({"bad_words_ids": [[5, 10**6]]}, "token id 1000000 is not in the model's vocabulary"),
+    ({"forced_eos_token_id": -1}, "token id -1 is not in the model's vocabulary"),
     ([1, 2], "must hold a JSON object"),
 ])
 def test_bad_values_name_the_file(tmp_path, offline_hub, content, fragment):

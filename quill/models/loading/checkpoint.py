@@ -29,7 +29,7 @@ from ..text.tokenizer import Tokenizer
 from ..text.tokenizer_config import read_tokenizer_config
 from . import hf
 from .errors import CheckpointError, read_json_object
-from .generation_config import bad_word_sequences, banned_tokens, read_generation_config
+from .generation_config import bad_word_sequences, banned_tokens, check_token_ids, read_generation_config
 from .location import BUNDLED_DIR, ModelLocation, locate
 from .saving import CONFIG_FILE, TOKENIZER_FILE, save_checkpoint
 from .weights import WEIGHTS_FILE, has_weights, open_weights, read_weights
@@ -254,6 +254,7 @@ def load_checkpoint(
     keep_float32_exact(device, dtype)
     architecture, config, eos_ids, metadata = read_config(path / CONFIG_FILE)
     generation = read_generation_config(path)
+    check_token_ids(generation, config.vocab_size, path)
     eos_ids += [i for i in generation.eos_token_ids if i not in eos_ids]
     tokenizer_config = read_tokenizer_config(path)
     seq2seq = None

@@ -72,6 +72,17 @@ def read_generation_config(directory: Path) -> GenerationConfig:
     return GenerationConfig(eos, defaults, bad, _token_ids(path, raw, "forced_eos_token_id"))
 
 
+def check_token_ids(config: GenerationConfig, vocab_size: int, directory: Path) -> None:
+    """The bad words and forced EOS must be tokens of the model: an id past the vocabulary fails the load, not a
+    step."""
+    ids = [t for word in config.bad_words_ids for t in word] + config.forced_eos_token_ids
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        source = directory / GENERATION_CONFIG_FILE
+        source = source if source.is_file() else directory / "config.json"  # where forced EOS came from then
+        raise CheckpointError(source, f"token id {bad[0]} is not in the model's vocabulary of {vocab_size}")
+
+
 def banned_tokens(config: GenerationConfig) -> list[int]:
     """The one-token bad words, which the engine bans from every step's logits."""
     return sorted({word[0] for word in config.bad_words_ids if len(word) == 1})
