@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 
 import pytest
 import torch
+from torch import nn
 
 from quill.models.batch import StepBatch
 from quill.models.classic.opennmt import convert, detect
@@ -193,6 +194,26 @@ def test_steps_equal_the_reference(rnn_type, bidirectional, attention, input_fee
 ])
 def test_bridge_no_attention_and_shared_generator_equal_the_reference(options):
     assert_matches_reference(tiny_model(**options))
+
+
+def test_narrowed_weights_answer_as_float32_over_rounded_weights():
+    """bfloat16 linear weights under float32 arithmetic (a CPU without bfloat16's): the attention's and generator's
+    weights, which the model reads itself, are widened like the rest."""
+    from quill.models.kernels import TORCH_OPS
+    from quill.models.kernels.narrow_weights import narrow_linear_weights
+    from quill.models.kernels.ops_linear import route_linears
+
+    narrowed, rounded = (tiny_model(global_attention="general", layers=2) for _ in range(2))
+    for model in (narrowed, rounded):
+        route_linears(model, TORCH_OPS)
+    assert narrow_linear_weights(narrowed) > 0
+    with torch.no_grad():
+        for module in rounded.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.copy_(module.weight.bfloat16().float())
+    with torch.inference_mode():
+        for got, expected in zip(token_by_token(narrowed), token_by_token(rounded)):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("options, refused", [

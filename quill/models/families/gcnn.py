@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..batch import StepBatch
+from ..kernels import TORCH_OPS
 from ..state import SlotState
 
 
@@ -119,7 +120,7 @@ class GCNNLanguageModel(nn.Module):
         if self.out_proj is not None:
             h = self.out_proj(h)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight).float()
+        return TORCH_OPS.linear(h, weight, None).float()  # widens a narrowed head (narrow_weights.py)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits, from an empty (zero-padded) history."""

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..batch import StepBatch
+from ..kernels import TORCH_OPS
 from ..state import SlotState
 
 CELLS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
@@ -104,7 +104,7 @@ class LSTMLanguageModel(nn.Module):
         if self.proj is not None:
             h = self.proj(h)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight, self.lm_bias).float()
+        return TORCH_OPS.linear(h, weight, self.lm_bias).float()  # widens a narrowed head (narrow_weights.py)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits, from an empty state."""

@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..batch import StepBatch
+from ..kernels import TORCH_OPS
 from ..host_copy import to_device
 from ..state import EncoderCache, EncoderDecoderState, SlotState
 from .lstm import run_recurrent
@@ -113,7 +114,7 @@ class GlobalAttention(nn.Module):
     def keys(self, memory: torch.Tensor) -> torch.Tensor:
         """(N, H) memory-bank rows -> (N, H) the score's source side."""
         if self.kind == "general":
-            return F.linear(memory, self.linear_in.weight.t())
+            return TORCH_OPS.linear(memory, self.linear_in.weight.t(), None)  # a narrowed weight widened
         if self.kind == "mlp":
             return self.linear_context(memory)
         return memory
@@ -300,4 +301,4 @@ class RNNSeq2Seq(nn.Module):
         if batch.logits_indices is not None:
             out = out[batch.logits_indices]
         weight = self.tgt_embed.weight if self.generator is None else self.generator.weight
-        return torch.log_softmax(F.linear(out, weight, self.generator_bias).float(), dim=-1)
+        return torch.log_softmax(TORCH_OPS.linear(out, weight, self.generator_bias).float(), dim=-1)

@@ -43,7 +43,7 @@ def test_widened_reuses_one_buffer_per_shape():
     assert widened(torch.randn(3, 6).bfloat16(), torch.float32).data_ptr() != first.data_ptr()
 
 
-@pytest.mark.parametrize("key", ["transformer-llama", "transformer-gpt2", "lstm"])
+@pytest.mark.parametrize("key", ["transformer-llama", "transformer-gpt2", "lstm", "lstm-untied", "gcnn"])
 def test_a_narrowed_model_answers_as_float32_over_rounded_weights(tmp_path, key):
     write_checkpoint(tmp_path, key)
     narrowed = load_checkpoint(tmp_path, device="cpu", dtype="float32").model
