@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+from contextlib import contextmanager
 import signal
 import socket
 import subprocess
@@ -29,6 +30,19 @@ from tests.tiny_tokenizers import (METASPACE_SPECIALS, TEXT, build_hf_tokenizer,
 # wait on each other's OpenMP barriers (a tiny LSTM's step went from 0.3 ms to 90 ms with another job on the cores).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+
+@contextmanager
+def torch_threads(count: int):
+    """torch's CPU thread count set to `count` for the block, then put back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
 
 TEST_DEVICE = torch.device(os.environ.get("QUILL_TEST_DEVICE", "cpu"))
 # Full float32 on CUDA, as load_checkpoint makes it for a float32 model: TF32's rounding (errors near 1e-3) would

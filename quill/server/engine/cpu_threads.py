@@ -1,7 +1,7 @@
 """Torch's CPU thread count for one engine's step thread: as many as the cores this process may use leave free.
 
 The cores it may use are its affinity mask capped by its cgroup's CPU quota (a container's `--cpus`, a pod's CPU
-limit), which torch's own count ignores. With every one of them free, a step runs fastest on all; with another
+limit), which torch's own count ignores, and by OMP_NUM_THREADS where set. With every one of them free, a step runs fastest on all; with another
 process busy on one, OpenMP's barriers wait for the descheduled thread and one thread fewer is two to four times
 faster. So every `CHECK_SECONDS` the engine reads how many of its cores others kept busy (quill/models/cpu_load.py)
 and runs on the rest, at least one; a change waits for two readings that agree, so a burst does not flip it. The
@@ -11,6 +11,7 @@ changes.
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -19,6 +20,14 @@ from quill.models.cpu_load import OtherLoad
 from quill.models.threads import available_cores
 
 CHECK_SECONDS = 1.0
+
+
+def usable_cores() -> int:
+    """The cores the process may use, capped by OMP_NUM_THREADS where the environment sets one (a deliberate
+    bound, as for any OpenMP program)."""
+    cores = available_cores()
+    bound = os.environ.get("OMP_NUM_THREADS", "")
+    return min(cores, int(bound)) if bound.isdigit() and int(bound) > 0 else cores
 
 
 def fitted_threads(cores: int, others: float | None) -> int:
@@ -31,7 +40,7 @@ class StepThreads:
     def __init__(self, fixed: int | None = None, load: OtherLoad | None = None):
         """`fixed`: always this many threads; None: fitted to what other processes leave free."""
         self.fixed = fixed
-        self.cores = available_cores()
+        self.cores = usable_cores()
         self.load = None if fixed else (load or OtherLoad())
         self.current = torch.get_num_threads()
         self.wanted = fixed or self.cores

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from quill.models.batch import StepBatch
 from quill.models.kernels import TORCH_OPS, select_layer_ops
 from quill.models.kernels.onednn_ops import OneDnnLayerOps
-from tests.conftest import build_tiny_model
+from tests.conftest import build_tiny_model, torch_threads
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs a PyTorch with oneDNN")
 
@@ -19,10 +19,8 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason
 @pytest.fixture(autouse=True)
 def two_threads():
     """The tests run on one thread, where only wide outputs go the packed way: these test that way at two."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(2):
+        yield
 
 
 @pytest.mark.parametrize("shape", [(5, 24), (2, 3, 24)])

@@ -142,7 +142,7 @@ def test_auto_fits_the_cores_this_process_may_use(monkeypatch):
 
     from quill.server.engine import cpu_threads
 
-    monkeypatch.setattr(cpu_threads, "available_cores", lambda: 3)
+    monkeypatch.setattr(cpu_threads, "usable_cores", lambda: 3)
     assert cpu_threads.step_threads(torch.device("cpu"), None) is None  # torch's own count
     fixed = cpu_threads.step_threads(torch.device("cpu"), 1)
     assert (fixed.wanted, fixed.load) == (1, None)

@@ -26,7 +26,7 @@ def test_the_count_follows_two_agreeing_readings(monkeypatch):
     clock = [0.0]
     set_to = []
     monkeypatch.setattr(cpu_threads.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(cpu_threads, "available_cores", lambda: 2)
+    monkeypatch.setattr(cpu_threads, "usable_cores", lambda: 2)
     monkeypatch.setattr(cpu_threads.torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(cpu_threads.torch, "set_num_threads", set_to.append)
     threads = StepThreads(load=FakeLoad([1.0, 0.1, 1.0, 1.1, 0.0, 0.2]))
@@ -48,3 +48,13 @@ def test_a_fixed_count_is_set_once(monkeypatch):
     for _ in range(3):
         threads.before_step()
     assert set_to == [1] and threads.load is None
+
+
+def test_omp_num_threads_bounds_the_cores(monkeypatch):
+    monkeypatch.setattr(cpu_threads, "available_cores", lambda: 4)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert cpu_threads.usable_cores() == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    assert cpu_threads.usable_cores() == 4
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert cpu_threads.usable_cores() == 4
