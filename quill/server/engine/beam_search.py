@@ -79,12 +79,8 @@ class BeamSearch:
         full = len(self.finished) >= self.width
         settled = (full and self.early_stopping is True) or not self.can_improve
         if not settled:
-            for i in range(min(self.width, len(tokens))):
-                if ends[i]:
-                    score = top_scores[i] / self._normalizer(generated)
-                    self.finished.append(Hypothesis(outputs[parents[i]] + [tokens[i]], score, top_scores[i]))
-            self.finished.sort(key=lambda h: -h.score)
-            del self.finished[self.width :]
+            self._keep([Hypothesis(outputs[parents[i]] + [tokens[i]], top_scores[i] / self._normalizer(generated),
+                                   top_scores[i]) for i in range(min(self.width, len(tokens))) if ends[i]])
 
         self.scores = [score for _, _, score in running]
         self._update_can_improve(generated)
@@ -97,15 +93,15 @@ class BeamSearch:
 
     def _end_with_forced_eos(self, running: list[tuple[int, int, float]], outputs: list[list[int]],
                              length: int) -> None:
-        """The last step, where EOS is the only continuation of each beam (its log-probability 0): every
-        beam becomes a hypothesis, unless the search has settled."""
-        if (len(self.finished) >= self.width and self.early_stopping is True) or not self.can_improve:
-            return
+        """The last step of a search that has not settled, where EOS is the only continuation of each beam (its
+        log-probability 0): every beam becomes a hypothesis."""
         eos = self.forced_eos_token_ids[0]
-        for parent, token, score in running:
-            if score > NEG / 2:  # a beam that is really one
-                self.finished.append(Hypothesis(outputs[parent] + [token, eos], score / self._normalizer(length),
-                                                score, cut=True))
+        self._keep([Hypothesis(outputs[parent] + [token, eos], score / self._normalizer(length), score, cut=True)
+                    for parent, token, score in running if score > NEG / 2])  # beams that really are ones
+
+    def _keep(self, hypotheses: list[Hypothesis]) -> None:
+        """Add `hypotheses` to the finished ones, keeping the best `width`."""
+        self.finished += hypotheses
         self.finished.sort(key=lambda h: -h.score)
         del self.finished[self.width :]
 
