@@ -30,15 +30,18 @@ def reference_greedy(next_logprobs: NextLogprobs, start: int, max_tokens: int, e
 
 
 def reference_beam(next_logprobs: NextLogprobs, start: int, max_tokens: int, eos: int, width: int, n: int,
-                   length_penalty: float = 1.0) -> list[tuple[list[int], float]]:
-    """The n best (tokens, length-penalised score)."""
+                   length_penalty: float = 1.0,
+                   penalty: Callable[[list[int]], float] | None = None) -> list[tuple[list[int], float]]:
+    """The n best (tokens, length-penalised score). `penalty`: prefix (start token first) -> the coverage penalty of
+    the beam that has computed it, taken off the score of a hypothesis ending at the next token."""
     search = BeamSearch(width, max_tokens, [eos], length_penalty)
     beams: list[list[int]] = [[]]
     while True:
         logprobs = torch.stack([next_logprobs([start] + beam).float() for beam in beams])
         total = logprobs + torch.tensor(search.scores)[:, None]
         top = total.flatten().topk(min(search.num_candidates, total.numel()))
-        step = search.advance(top.values.tolist(), top.indices.tolist(), logprobs.shape[1], beams)
+        penalties = None if penalty is None else [penalty([start] + beam) for beam in beams]
+        step = search.advance(top.values.tolist(), top.indices.tolist(), logprobs.shape[1], beams, penalties)
         if step.done:
             return [(h.token_ids, h.score) for h in search.finished[:n]]
         beams = [beams[parent] + [token] for parent, token, _ in step.running]
@@ -47,8 +50,12 @@ def reference_beam(next_logprobs: NextLogprobs, start: int, max_tokens: int, eos
 def engine_outputs(loaded, requests: dict[str, tuple[list[int], SamplingParams]], **cache) -> dict:
     """Every request (id -> (source ids, params)) at once through an engine over `loaded`, to its end: request id ->
     [(token ids, score)] by output index."""
-    core = EngineCore(loaded, EngineConfig(cache=CacheConfig(**cache)))
-    start = loaded.model.config.decoder_start_token_id
+    return run_to_end(EngineCore(loaded, EngineConfig(cache=CacheConfig(**cache))), requests)
+
+
+def run_to_end(core: EngineCore, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict:
+    """engine_outputs through a given engine."""
+    start = core.loaded.model.config.decoder_start_token_id
     for request_id, (source, params) in requests.items():
         core.add_request(request_id, [start], params, encoder_token_ids=source)
     tokens: dict = {}

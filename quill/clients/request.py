@@ -15,6 +15,7 @@ FIELDS = {
     "no_repeat_ngram_size": "no_repeat_ngram_size", "bad_words": "bad_words",
     # encoder-decoder (translation) models
     "source_lang": "source_lang", "target_lang": "target_lang", "target_prefix": "target_prefix",
+    "coverage_penalty": "coverage_penalty", "coverage_penalty_type": "coverage_penalty_type",
 }
 RETRY_STATUSES = {429, 503}
 

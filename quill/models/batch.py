@@ -31,6 +31,11 @@ class StepBatch:
     # Encoder-decoder models: each sequence's encoder output, as blocks of the state's EncoderCache, and its length
     cross_tables: torch.Tensor | None = None  # (B, max_source_blocks)
     cross_lens: torch.Tensor | None = None  # (B,) source tokens
+    # An encoder-decoder model whose decoder attends to its source (`aligns`), asked with `want_alignment`, leaves in
+    # `alignment` each sequence's attention over its source summed over its new tokens, (B, longest source of the
+    # step) float32, zero past a sequence's own source: what the coverage penalty sums (server/sampling/coverage.py)
+    want_alignment: bool = False
+    alignment: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -70,6 +75,12 @@ class StepBatch:
         """(B, max_query_len, ...) right-padded -> (T, ...) packed."""
         flat = x.reshape(self.num_seqs * self.max_query_len, *x.shape[2:])
         return flat[self.flat_index] if self.is_padded else flat
+
+    def sum_alignment(self, weights: torch.Tensor) -> None:
+        """(T, keys) each packed token's attention over its sequence's source, zero past it -> `alignment`."""
+        width = int(self.cross_lens.max())
+        out = torch.zeros(self.num_seqs, width, dtype=torch.float32, device=weights.device)
+        self.alignment = out.index_add_(0, self.seq_of_token, weights[:, :width].float())
 
     @cached_property
     def seq_starts(self) -> torch.Tensor:

@@ -119,7 +119,8 @@ class Attention(nn.Module):
         q = (self.in_projection(x) + target_embedding) * HALF
         scores = torch.bmm(q, z.transpose(1, 2)).masked_fill(padding[:, None, :], float("-inf"))
         s = (~padding).sum(dim=1).float()[:, None, None]
-        context = torch.bmm(scores.softmax(dim=-1), values) * (s * torch.sqrt(1.0 / s))
+        self.weights = scores.softmax(dim=-1)  # (B, T, S): fairseq averages them over the layers (alignment)
+        context = torch.bmm(self.weights, values) * (s * torch.sqrt(1.0 / s))
         return (self.out_projection(context) + x) * HALF
 
 
@@ -239,6 +240,41 @@ def test_only_the_scored_rows_are_returned(pair):
     batch = StepBatch.build([target], [0], slots=[0], logits="last")
     batch.cross_tables, batch.cross_lens = torch.tensor([[0]]), torch.tensor([len(source)])
     torch.testing.assert_close(model.step(batch, state), reference([source], [target])[:, -1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention_backend", ["sdpa", "cpu"])
+def test_alignment_is_the_attention_layers_mean_summed_over_each_steps_tokens(pair, attention_backend, monkeypatch):
+    """StepBatch.alignment (what the coverage penalty sums): fairseq's alignment, the attention layers' weights
+    averaged, summed over each sequence's new tokens; zero past its source."""
+    reference, model = pair
+    assert model.aligns
+    monkeypatch.setattr(model, "attention_backend", attention_backend)
+    sources = [[5, 9, 3, 7, 11, 4, EOS], [6, EOS], [13, 4, 21, 7, EOS]]
+    targets = [[EOS, 8, 14, 9, 3, 6], [EOS, 17, 5, 6, 10, 3], [EOS, 4, 4, 19, 7, 8]]
+    expected = []
+    for source, target in zip(sources, targets):
+        reference([source], [target])
+        layers = [a.weights[0] for a in reference.decoder.attention if a is not None]
+        expected.append(torch.stack(layers).mean(0))  # (target tokens, source tokens)
+    tables = [[5, 1], [3], [0, 6]]
+    state = model.new_state(3, block_size=4, num_encoder_blocks=8)
+    state.slots.reset([0, 1, 2])
+    model.encode(sources, tables, state)
+    done = [0, 0, 0]
+    for schedule in ([3, 1, 6], [3, 5, 0]):
+        seqs = [b for b, n in enumerate(schedule) if n]
+        batch = StepBatch.build([targets[b][done[b]:done[b] + schedule[b]] for b in seqs], [done[b] for b in seqs],
+                                slots=seqs, logits="all")
+        width = max(len(tables[b]) for b in seqs)
+        batch.cross_tables = torch.tensor([tables[b] + [0] * (width - len(tables[b])) for b in seqs])
+        batch.cross_lens = torch.tensor([len(sources[b]) for b in seqs])
+        batch.want_alignment = True
+        model.step(batch, state)
+        for row, b in enumerate(seqs):
+            n, span = len(sources[b]), slice(done[b], done[b] + schedule[b])
+            torch.testing.assert_close(batch.alignment[row, :n], expected[b][span].sum(0), rtol=1e-5, atol=1e-5)
+            assert not batch.alignment[row, n:].any()
+            done[b] += schedule[b]
 
 
 FAIRSEQ_KEYS = """encoder.embed_tokens.weight encoder.embed_positions.weight encoder.fc1.weight_g encoder.fc1.weight_v

@@ -81,9 +81,10 @@ def reference_encoder(p: dict, c: RNNSeq2SeqConfig, source: list[int]):
     return x, start
 
 
-def reference_attention(p: dict, kind: str, h: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+def reference_attention(p: dict, kind: str, h: torch.Tensor, memory: torch.Tensor) -> tuple:
+    """-> the attentional output and the weights over the memory bank (None without attention)."""
     if kind == "none":
-        return h
+        return h, None
     if kind == "dot":
         scores = memory @ h
     elif kind == "general":
@@ -91,13 +92,14 @@ def reference_attention(p: dict, kind: str, h: torch.Tensor, memory: torch.Tenso
     else:  # Bahdanau: v . tanh(W_q h + b_q + U h_j)
         query = p["attn.linear_query.weight"] @ h + p["attn.linear_query.bias"]
         scores = torch.tanh(query + memory @ p["attn.linear_context.weight"].T) @ p["attn.v.weight"][0]
-    context = torch.softmax(scores, 0) @ memory
-    out = p["attn.linear_out.weight"] @ torch.cat([context, h])
-    return out + p["attn.linear_out.bias"] if kind == "mlp" else torch.tanh(out)
+    weights = torch.softmax(scores, 0)
+    out = p["attn.linear_out.weight"] @ torch.cat([weights @ memory, h])
+    return (out + p["attn.linear_out.bias"] if kind == "mlp" else torch.tanh(out)), weights
 
 
-def reference(model: RNNSeq2Seq, source: list[int], target: list[int]) -> torch.Tensor:
-    """(len(target), vocab) log-probabilities of each next token."""
+def reference(model: RNNSeq2Seq, source: list[int], target: list[int], alignment: list | None = None) -> torch.Tensor:
+    """(len(target), vocab) log-probabilities of each next token; each token's attention weights over the source
+    appended to `alignment` where given."""
     p, c = dict(model.state_dict()), model.config
     memory, states = reference_encoder(p, c, source)
     feed, rows = torch.zeros(c.hidden_size), []
@@ -111,7 +113,9 @@ def reference(model: RNNSeq2Seq, source: list[int], target: list[int]) -> torch.
                 names = [f"decoder.{w}_l{layer}" for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
             states[layer] = cell(c.rnn_type, [p[n] for n in names], x, states[layer])
             x = states[layer][0]
-        feed = reference_attention(p, c.global_attention, x, memory)
+        feed, weights = reference_attention(p, c.global_attention, x, memory)
+        if alignment is not None:
+            alignment.append(weights)
         weight = p["tgt_embed.weight"] if c.share_decoder_embeddings else p["generator.weight"]
         rows.append(torch.log_softmax(weight @ feed + p["generator_bias"], 0))
     return torch.stack(rows)
@@ -139,12 +143,17 @@ def fresh_state(model: RNNSeq2Seq):
     return state
 
 
-def run_step(model, state, seqs: list[int], chunks: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+def step_batch(model, seqs: list[int], chunks: list[list[int]], starts: list[int]) -> StepBatch:
     tables = tables_for(model)
     batch = StepBatch.build(chunks, starts, slots=[SLOTS[s] for s in seqs], logits="all")
     width = max(len(tables[s]) for s in seqs)
     batch.cross_tables = torch.tensor([tables[s] + [0] * (width - len(tables[s])) for s in seqs])
     batch.cross_lens = torch.tensor([len(SOURCES[s]) for s in seqs])
+    return batch
+
+
+def run_step(model, state, seqs: list[int], chunks: list[list[int]], starts: list[int]) -> list[torch.Tensor]:
+    batch = step_batch(model, seqs, chunks, starts)
     return list(model.step(batch, state).split([len(chunk) for chunk in chunks]))
 
 
@@ -157,11 +166,13 @@ def token_by_token(model) -> list[torch.Tensor]:
     return [torch.cat(rows) for rows in out]
 
 
+CHUNKS = [([0, 1, 2], [(0, 3), (0, 1), (0, 5)]), ([1, 0], [(1, 2), (3, 5)]), ([1], [(2, 5)])]  # (seqs, spans)
+
+
 def in_chunks(model) -> list[torch.Tensor]:
     """Several tokens a step, sequences of a step at different lengths and positions."""
     state, out = fresh_state(model), [[] for _ in SOURCES]
-    plan = [([0, 1, 2], [(0, 3), (0, 1), (0, 5)]), ([1, 0], [(1, 2), (3, 5)]), ([1], [(2, 5)])]
-    for seqs, spans in plan:
+    for seqs, spans in CHUNKS:
         rows = run_step(model, state, seqs, [TARGETS[s][a:b] for s, (a, b) in zip(seqs, spans)],
                         [a for a, _ in spans])
         for s, row in zip(seqs, rows):
@@ -184,6 +195,31 @@ MATRIX = list(itertools.product(["LSTM", "GRU"], [False, True], ["dot", "general
 def test_steps_equal_the_reference(rnn_type, bidirectional, attention, input_feed, layers):
     assert_matches_reference(tiny_model(rnn_type=rnn_type, bidirectional=bidirectional, global_attention=attention,
                                         input_feed=input_feed, layers=layers))
+
+
+@pytest.mark.parametrize("attention,input_feed", [("dot", True), ("mlp", False), ("general", True)])
+def test_alignment_sums_the_attention_over_each_steps_tokens(attention, input_feed):
+    """StepBatch.alignment (what the coverage penalty sums): each sequence's attention weights over its source,
+    summed over its new tokens, zero past its source; chunks of different lengths in one step."""
+    model = tiny_model(global_attention=attention, input_feed=input_feed, bidirectional=True, layers=2)
+    assert model.aligns
+    expected = []
+    with torch.no_grad():
+        for source, target in zip(SOURCES, TARGETS):
+            weights: list = []
+            reference(model, source, target, weights)
+            expected.append(torch.stack(weights))  # (target tokens, source tokens)
+    state = fresh_state(model)
+    for seqs, spans in CHUNKS:
+        batch = step_batch(model, seqs, [TARGETS[s][a:b] for s, (a, b) in zip(seqs, spans)], [a for a, _ in spans])
+        batch.want_alignment = True
+        model.step(batch, state)
+        assert batch.alignment.shape == (len(seqs), max(len(SOURCES[s]) for s in seqs))
+        for row, (s, (a, b)) in enumerate(zip(seqs, spans)):
+            n = len(SOURCES[s])
+            torch.testing.assert_close(batch.alignment[row, :n], expected[s][a:b].sum(0), rtol=1e-5, atol=1e-5)
+            assert not batch.alignment[row, n:].any()
+    assert not tiny_model(global_attention="none").aligns
 
 
 @pytest.mark.parametrize("options", [

@@ -44,6 +44,32 @@ def test_logits_equal_transformers(tmp_path, family, attention_backend):
     torch.testing.assert_close(torch.cat(pieces), expected, rtol=1e-4, atol=5e-4)
 
 
+@pytest.mark.parametrize("family", ["marian", "mbart", "fsmt", "t5"])
+def test_alignment_is_the_last_layers_cross_attention_averaged_over_heads(tmp_path, family):
+    """StepBatch.alignment (what the coverage penalty sums): the last decoder layer's cross-attention weights,
+    averaged over its heads, summed over the step's tokens, as transformers returns them (cross_attentions)."""
+    reference = write_hf_model(tmp_path, family)
+    reference.set_attn_implementation("eager")  # the one that returns its weights
+    model = load_quill_model(tmp_path)
+    assert model.aligns
+    torch.manual_seed(2)
+    source = torch.randint(3, VOCAB - 20, (7,)).tolist()
+    target = [model.config.decoder_start_token_id] + torch.randint(2, VOCAB, (5,)).tolist()
+    with torch.no_grad():
+        out = reference(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([target]), use_cache=False,
+                        output_attentions=True)
+    expected = out.cross_attentions[-1][0].mean(0)  # (target tokens, source tokens)
+    state = model.new_state(8, block_size=4, num_encoder_blocks=6)
+    tables = [4, 2]
+    model.encode([source], [tables], state)
+    for start, end in ((0, 4), (4, 5), (5, 6)):
+        batch = StepBatch.build([target[start:end]], [start], block_tables=[[5, 6]], logits="last")
+        batch.cross_tables, batch.cross_lens = torch.tensor([tables]), torch.tensor([len(source)])
+        batch.want_alignment = True
+        model.step(batch, state)
+        torch.testing.assert_close(batch.alignment[0], expected[start:end].sum(0), rtol=1e-4, atol=1e-5)
+
+
 def test_sources_encoded_together_equal_alone(tmp_path):
     """Sources of different lengths padded into one encoder pass write what each writes alone."""
     write_hf_model(tmp_path, "marian")

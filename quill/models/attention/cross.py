@@ -11,6 +11,8 @@ attended with masked SDPA.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 import torch.nn.functional as F
 
@@ -28,7 +30,8 @@ class CrossAttention:
         self.block_size = block_size
         self.scale = scale
         self.use_kernel = use_kernel
-        self._mask = None
+        self.alignment: torch.Tensor | None = None  # (T, keys) summed over the layers that were asked to align
+        self.num_aligned = 0
 
     @classmethod
     def build(cls, batch: StepBatch, block_size: int, scale: float, self_attention: str,
@@ -37,17 +40,36 @@ class CrossAttention:
         the encoder blocks too where it reads the decoder's (float32 only)."""
         return cls(batch, block_size, scale, self_attention == "cpu" and dtype == torch.float32)
 
-    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    @cached_property
+    def mask(self) -> torch.Tensor:
+        """(T, keys) which of the gathered blocks' rows are each token's source."""
+        keys = torch.arange(self.tables.shape[1] * self.block_size, device=self.lens.device)
+        return keys[None, :] < self.lens[:, None]
+
+    def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                align: bool = False) -> torch.Tensor:
         """q (T, H, hd) of the packed decoder tokens; k_cache, v_cache (num_blocks, block_size, H, hd) of one
-        layer's encoder output -> (T, H * hd)."""
+        layer's encoder output -> (T, H * hd). `align`: also add this layer's attention weights, averaged over its
+        heads, to `alignment`."""
+        if align:
+            self._align(q, k_cache)
         if self.use_kernel:
             return kernel().paged_decode_attention(q, k_cache, v_cache, self.tables, self.lens, self.scale).flatten(1)
-        num_rows, width = self.tables.shape
         k = k_cache[self.tables].flatten(1, 2)  # (T, width * block_size, H, hd)
         v = v_cache[self.tables].flatten(1, 2)
-        if self._mask is None:
-            keys = torch.arange(width * self.block_size, device=q.device)
-            self._mask = (keys[None, :] < self.lens[:, None])[:, None, None, :]  # (T, 1, 1, keys)
         out = F.scaled_dot_product_attention(q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
-                                             attn_mask=self._mask, scale=self.scale)  # (T, H, 1, hd)
+                                             attn_mask=self.mask[:, None, None, :], scale=self.scale)  # (T, H, 1, hd)
         return out.flatten(1)
+
+    def _align(self, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+        """The weights the attention gives each source row, recomputed apart (the kernels return none): only steps
+        of requests with a coverage penalty ask."""
+        k = k_cache[self.tables].flatten(1, 2).float()  # (T, keys, H, hd)
+        scores = torch.einsum("thd,tkhd->thk", q.float(), k) * self.scale
+        weights = scores.masked_fill(~self.mask[:, None, :], float("-inf")).softmax(-1).mean(1)
+        self.alignment = weights if self.alignment is None else self.alignment + weights
+        self.num_aligned += 1
+
+    def mean_alignment(self) -> torch.Tensor:
+        """(T, keys) each token's attention over its source, averaged over the layers that aligned."""
+        return self.alignment / self.num_aligned

@@ -173,10 +173,11 @@ class AttentionLayer(nn.Module):
         self.out_projection = nn.Linear(embed_dim, conv_channels)
 
     def forward(self, x: torch.Tensor, target_embedding: torch.Tensor, cross: CrossAttention,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, length_scale: torch.Tensor) -> torch.Tensor:
+                k_cache: torch.Tensor, v_cache: torch.Tensor, length_scale: torch.Tensor,
+                align: bool = False) -> torch.Tensor:
         """x (T, C) packed decoder rows, target_embedding (T, D), length_scale (T, 1): sqrt(source length)."""
         q = (self.in_projection(x) + target_embedding) * SQRT_HALF
-        context = cross.forward(q[:, None, :].to(k_cache.dtype), k_cache, v_cache).to(x.dtype)  # (T, D)
+        context = cross.forward(q[:, None, :].to(k_cache.dtype), k_cache, v_cache, align).to(x.dtype)  # (T, D)
         return (self.out_projection(context * length_scale) + x) * SQRT_HALF
 
 
@@ -213,6 +214,11 @@ class FConvSeq2Seq(nn.Module):
         self.decoder = FConvDecoder(config)
         # resolved by the loader ("cpu": the CPU kernel reads the encoder blocks in place; else gathered for SDPA)
         self.attention_backend = "auto"
+
+    @property
+    def aligns(self) -> bool:
+        """Its alignment (StepBatch.alignment) is fairseq's: the attention layers' weights, averaged."""
+        return any(self.config.decoder_attention)
 
     def new_state(self, num_slots: int, block_size: int = 16, num_encoder_blocks: int = 1,
                   dtype: torch.dtype | None = None) -> EncoderDecoderState:
@@ -275,9 +281,12 @@ class FConvSeq2Seq(nn.Module):
                                                                    d.attention, windows):
             y = run_by_parts(parts, partial(self._convolve, conv, window), x)
             if attention is not None:
-                y = attention(y, target_embedding, cross, memory.k[0], memory.v[0], length_scale)
+                y = attention(y, target_embedding, cross, memory.k[0], memory.v[0], length_scale,
+                              batch.want_alignment)
             x = _residual(y, residual, outputs, proj)
             outputs.append(x)
+        if batch.want_alignment:
+            batch.sum_alignment(cross.mean_alignment())
         if batch.logits_indices is not None:
             x = x[batch.logits_indices]
         return d.logits(x)

@@ -120,15 +120,16 @@ class GlobalAttention(nn.Module):
         return memory
 
     def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
-        """query (B, Q, H); keys, values (B, S, H); mask (B, 1, S) the real source rows -> (B, Q, H)."""
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """query (B, Q, H); keys, values (B, S, H); mask (B, 1, S) the real source rows -> the outputs (B, Q, H)
+        and the attention weights (B, Q, S)."""
         if self.kind == "mlp":
             scores = self.v(torch.tanh(self.linear_query(query)[:, :, None] + keys[:, None])).squeeze(-1)
         else:
             scores = query @ keys.transpose(1, 2)  # (B, Q, S)
         weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
         out = self.linear_out(torch.cat([weights @ values, query], dim=-1))
-        return out if self.kind == "mlp" else torch.tanh(out)
+        return (out if self.kind == "mlp" else torch.tanh(out)), weights
 
 
 class RNNSeq2Seq(nn.Module):
@@ -153,6 +154,11 @@ class RNNSeq2Seq(nn.Module):
         self.attn = None if c.global_attention == "none" else GlobalAttention(hidden, c.global_attention)
         self.generator = None if c.share_decoder_embeddings else nn.Linear(hidden, c.vocab_size, bias=False)
         self.generator_bias = nn.Parameter(torch.zeros(c.vocab_size))
+
+    @property
+    def aligns(self) -> bool:
+        """Its alignment (StepBatch.alignment) is OpenNMT's: the global attention's weights."""
+        return self.attn is not None
 
     @property
     def state_names(self) -> tuple[str, ...]:
@@ -246,17 +252,21 @@ class RNNSeq2Seq(nn.Module):
         rows = torch.arange(keys.shape[1], device=keys.device)
         return keys, values, (rows[None, :] < batch.cross_lens[:, None])[:, None, :]
 
-    def _attend(self, query: torch.Tensor, memory) -> torch.Tensor:
+    def _attend(self, query: torch.Tensor, memory) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """query (B, Q, H) -> the attentional outputs (B, Q, H) and the attention weights (B, Q, S) (None without
+        attention)."""
         if self.attn is None:
-            return query
+            return query, None
         keys, values, mask = memory
         return self.attn(query, keys.to(query.dtype), values.to(query.dtype), mask)
 
-    def _run_fed(self, x: torch.Tensor, rows: dict, memory, lengths: torch.Tensor | None) -> torch.Tensor:
+    def _run_fed(self, x: torch.Tensor, rows: dict, memory,
+                 lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, Q, E): input feeding, token after token; a row past its sequence's length keeps its state.
-        Updates `rows` (h, c, feed) in place of their entries; returns the outputs o (B, Q, H)."""
+        Updates `rows` (h, c, feed) in place of their entries; returns the outputs o (B, Q, H) and the attention
+        weights (B, Q, S) (None without attention)."""
         hidden = [rows[name] for name in self.state_names]  # (B, layers, H)
-        feed, outs = rows["feed"].to(x.dtype), []
+        feed, outs, weights = rows["feed"].to(x.dtype), [], []
         for t in range(x.shape[1]):
             inp, ends = torch.cat([x[:, t], feed], dim=-1), []
             for i, cell in enumerate(self.decoder):
@@ -266,7 +276,9 @@ class RNNSeq2Seq(nn.Module):
                 ends.append(end)
                 inp = end[0]
             new = [torch.stack(parts, dim=1) for parts in zip(*ends)]
-            out = self._attend(inp[:, None], memory)[:, 0]
+            out, attended = self._attend(inp[:, None], memory)
+            out = out[:, 0]
+            weights.append(attended)
             if lengths is not None:
                 active = (t < lengths)[:, None]
                 new = [torch.where(active[..., None], n, h.to(n.dtype)) for n, h in zip(new, hidden)]
@@ -274,9 +286,10 @@ class RNNSeq2Seq(nn.Module):
             hidden, feed = new, out
             outs.append(out)
         rows.update(zip(self.state_names, hidden), feed=feed)
-        return torch.stack(outs, dim=1)
+        return torch.stack(outs, dim=1), None if self.attn is None else torch.cat(weights, dim=1)
 
-    def _run_plain(self, x: torch.Tensor, rows: dict, memory, lengths: list[int] | None) -> torch.Tensor:
+    def _run_plain(self, x: torch.Tensor, rows: dict, memory,
+                   lengths: list[int] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, Q, E): no input feeding, so the recurrent layers run over every token at once (cuDNN on a GPU),
         and attention after them."""
         start = tuple(rows[name].transpose(0, 1).to(x.dtype).contiguous() for name in self.state_names)
@@ -292,11 +305,13 @@ class RNNSeq2Seq(nn.Module):
         memory = None if self.attn is None else self._memory(batch, state.encoder)
         x = batch.pad(self.tgt_embed(batch.token_ids))  # (B, Q, E)
         if self.config.input_feed:
-            out = self._run_fed(x, rows, memory, batch.lens if batch.is_padded else None)
+            out, weights = self._run_fed(x, rows, memory, batch.lens if batch.is_padded else None)
         else:
-            out = self._run_plain(x, rows, memory, batch.query_lens if batch.is_padded else None)
+            out, weights = self._run_plain(x, rows, memory, batch.query_lens if batch.is_padded else None)
         for name, tensor in rows.items():
             state.slots[name][batch.slots] = tensor.to(state.slots[name].dtype)
+        if batch.want_alignment:
+            batch.sum_alignment(batch.unpad(weights))
         out = batch.unpad(out)  # (T, H)
         if batch.logits_indices is not None:
             out = out[batch.logits_indices]

@@ -214,20 +214,22 @@ class DecoderLayer(Layer):
         q, k, v = ops.linear(x, self.qkv.weight, self.qkv.bias).unflatten(-1, (3, self.config.n_heads, -1)).unbind(1)
         return ops.linear(attention.forward(q, k, v, k_cache, v_cache), self.out.weight, self.out.bias)
 
-    def cross_attend(self, x, k_cache, v_cache, cross: CrossAttention, ops: LayerOps) -> torch.Tensor:
+    def cross_attend(self, x, k_cache, v_cache, cross: CrossAttention, ops: LayerOps, align: bool) -> torch.Tensor:
         q = ops.linear(x, self.cross_q.weight, self.cross_q.bias).unflatten(-1, (self.config.n_heads, -1))
-        return ops.linear(cross.forward(q, k_cache, v_cache), self.cross_out.weight, self.cross_out.bias)
+        return ops.linear(cross.forward(q, k_cache, v_cache, align), self.cross_out.weight, self.cross_out.bias)
 
-    def step(self, x, self_kv, cross_kv, attention, cross: CrossAttention, ops: LayerOps) -> torch.Tensor:
+    def step(self, x, self_kv, cross_kv, attention, cross: CrossAttention, ops: LayerOps,
+             align: bool = False) -> torch.Tensor:
         pre = self.config.pre_norm
         x = _sublayer(x, self.attn_norm, lambda h: self.self_attend(h, *self_kv, attention, ops), pre)
-        x = _sublayer(x, self.cross_norm, lambda h: self.cross_attend(h, *cross_kv, cross, ops), pre)
+        x = _sublayer(x, self.cross_norm, lambda h: self.cross_attend(h, *cross_kv, cross, ops, align), pre)
         return _sublayer(x, self.mlp_norm, lambda h: self.mlp(h, ops), pre)
 
 
 class Seq2SeqTransformer(nn.Module):
     state_kind = EncoderDecoderState.kind
     is_encoder_decoder = True
+    aligns = True  # its alignment (StepBatch.alignment): the last layer's cross-attention, averaged over heads
 
     def __init__(self, config: Seq2SeqConfig):
         super().__init__()
@@ -306,8 +308,12 @@ class Seq2SeqTransformer(nn.Module):
             attention = kv.attention.build(batch, kv.block_size)
         cross = CrossAttention.build(batch, memory.block_size, c.scale, kv.attention.name, memory.k.dtype)
         x = self.decoder.embed(self.embed(batch.token_ids), batch.positions)
+        last = len(self.decoder.layers) - 1
         for i, layer in enumerate(self.decoder.layers):
-            x = layer.step(x, (kv.k[i], kv.v[i]), (memory.k[i], memory.v[i]), attention, cross, ops)
+            align = batch.want_alignment and i == last
+            x = layer.step(x, (kv.k[i], kv.v[i]), (memory.k[i], memory.v[i]), attention, cross, ops, align)
+        if batch.want_alignment:
+            batch.sum_alignment(cross.mean_alignment())
         if batch.logits_indices is not None:
             x = x[batch.logits_indices]
         if self.decoder.final_norm is not None:

@@ -107,7 +107,7 @@ def rnn_forward(model: RNNSeq2Seq, sources: torch.Tensor, source_lengths: torch.
     mask = valid[:, None, :]  # (B, 1, S)
 
     def attend(query: torch.Tensor) -> torch.Tensor:  # (B, Q, H)
-        return query if model.attn is None else model.attn(query, keys, values, mask)
+        return query if model.attn is None else model.attn(query, keys, values, mask)[0]
 
     x = model.tgt_embed(targets)  # (B, T, E)
     if c.input_feed:

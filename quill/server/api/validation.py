@@ -12,6 +12,7 @@ from __future__ import annotations
 from quill.server.config import ServerConfig
 from quill.server.hosting import HostedModel
 from quill.server.sampling import SamplingParamError, SamplingParams
+from quill.server.sampling.coverage import NEEDS_ATTENTION
 
 from .errors import APIError
 from .sampling_defaults import fill_sampling_settings
@@ -170,4 +171,6 @@ def build_params(hosted: HostedModel, **kwargs) -> SamplingParams:
         params.check_vocab(hosted.loaded.model.config.vocab_size)
     except SamplingParamError as e:
         raise invalid(str(e), e.param) from None
+    if params.follows_coverage and not getattr(hosted.loaded.model, "aligns", False):
+        raise invalid(f"coverage_penalty {NEEDS_ATTENTION}; {hosted.name} has none", "coverage_penalty")
     return params

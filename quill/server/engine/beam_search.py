@@ -10,6 +10,10 @@ scores them), and the W best hypotheses are kept. `early_stopping` picks when to
 (True: once W hypotheses exist; False: when the best running beam, scored at the
 current length, cannot beat the worst kept one; "never": scored at max length when
 length_penalty > 0).
+A coverage penalty (OpenNMT's, for encoder-decoders) takes beta * penalty(coverage) off a finished hypothesis'
+score, its coverage being each source token's attention summed over the hypothesis' steps (sampling/coverage.py);
+running beams are ranked without it, as OpenNMT ranks them, and as the penalty is never negative a running beam's
+score stays an upper bound for `early_stopping`.
 
 Pure bookkeeping on the host: the runner finds every beam request's best continuations in one
 batched top-k (`server.sampling.beam`), `advance` turns them into the next beams and finished
@@ -62,9 +66,11 @@ class BeamSearch:
         return tuple(self.eos_token_ids) if num_generated + 1 <= self.min_tokens else ()
 
     def advance(self, top_scores: list[float], flat_indices: list[int], vocab_size: int,
-                outputs: list[list[int]]) -> BeamStep:
+                outputs: list[list[int]], penalties: list[float] | None = None) -> BeamStep:
         """The step's best continuations, descending (summed log-prob; index = parent beam * V + token),
-        and each live beam's tokens so far -> the next beams."""
+        and each live beam's tokens so far -> the next beams. `penalties`: each live beam's coverage penalty,
+        this step's attention included (None: none)."""
+        penalties = penalties or [0.0] * len(outputs)
         generated = len(outputs[0]) + 1  # tokens each candidate would have
         parents = [i // vocab_size for i in flat_indices]
         tokens = [i % vocab_size for i in flat_indices]
@@ -79,24 +85,26 @@ class BeamSearch:
         full = len(self.finished) >= self.width
         settled = (full and self.early_stopping is True) or not self.can_improve
         if not settled:
-            self._keep([Hypothesis(outputs[parents[i]] + [tokens[i]], top_scores[i] / self._normalizer(generated),
-                                   top_scores[i]) for i in range(min(self.width, len(tokens))) if ends[i]])
+            self._keep([Hypothesis(outputs[parents[i]] + [tokens[i]],
+                                   top_scores[i] / self._normalizer(generated) - penalties[parents[i]], top_scores[i])
+                        for i in range(min(self.width, len(tokens))) if ends[i]])
 
         self.scores = [score for _, _, score in running]
         self._update_can_improve(generated)
         full = len(self.finished) >= self.width
         done = not self.can_improve or (full and self.early_stopping is True) or all(ends)
         if not done and self.forced_eos_token_ids and generated + 1 == self.max_tokens:
-            self._end_with_forced_eos(running, outputs, generated + 1)
+            self._end_with_forced_eos(running, outputs, generated + 1, penalties)
             done = True
         return BeamStep(running=[] if done else running, done=done)
 
     def _end_with_forced_eos(self, running: list[tuple[int, int, float]], outputs: list[list[int]],
-                             length: int) -> None:
+                             length: int, penalties: list[float]) -> None:
         """The last step of a search that has not settled, where EOS is the only continuation of each beam (its
-        log-probability 0): every beam becomes a hypothesis."""
+        log-probability 0): every beam becomes a hypothesis (its coverage without the forced step, never run)."""
         eos = self.forced_eos_token_ids[0]
-        self._keep([Hypothesis(outputs[parent] + [token, eos], score / self._normalizer(length), score, cut=True)
+        self._keep([Hypothesis(outputs[parent] + [token, eos], score / self._normalizer(length) - penalties[parent],
+                               score, cut=True)
                     for parent, token, score in running if score > NEG / 2])  # beams that really are ones
 
     def _keep(self, hypotheses: list[Hypothesis]) -> None:

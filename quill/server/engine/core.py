@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from quill.models.loading.checkpoint import LoadedModel
 from quill.server.sampling import SamplingParams, new_generator
+from quill.server.sampling.coverage import NEEDS_ATTENTION
 
 from quill.server.structured import GrammarCompiler
 
@@ -181,6 +182,8 @@ class EngineCore:
             group.encoder_token_ids = list(encoder_token_ids)
         if params.seed is not None:  # each output of a seeded request has its own stream
             group.generators = [new_generator(params.seed + i, self.loaded.device) for i in range(params.n)]
+        if params.follows_coverage and not getattr(self.loaded.model, "aligns", False):
+            raise ValueError(f"coverage_penalty {NEEDS_ATTENTION}")
         if params.use_beam_search:
             group.beam = BeamSearch(
                 width=params.beam_width, max_tokens=params.max_tokens,
@@ -306,9 +309,9 @@ class EngineCore:
                 self._fork(group)
             for target, sampled in zip(group.seqs if len(chosen) > 1 else [seq], chosen):
                 append(target, sampled.token_id, sampled.logprob, sampled.entry)
-        for group, scores, indices in result.beams:
+        for group, scores, indices, penalties in result.beams:
             group.is_forked = True
-            self._beam_step(group, scores, indices)
+            self._beam_step(group, scores, indices, penalties)
         outputs = []
         for group in dict.fromkeys(seq.group for seq, _ in batch.work):
             if group.is_finished:
@@ -339,9 +342,11 @@ class EngineCore:
             self.cache.fork(parent.seq_id, child.seq_id)
             group.seqs.append(child)
 
-    def _beam_step(self, group: SequenceGroup, scores: list[float], indices: list[int]) -> None:
+    def _beam_step(self, group: SequenceGroup, scores: list[float], indices: list[int],
+                   penalties: list[float] | None) -> None:
         old = group.seqs
-        step = group.beam.advance(scores, indices, self.runner.vocab_size, [s.output_token_ids for s in old])
+        step = group.beam.advance(scores, indices, self.runner.vocab_size, [s.output_token_ids for s in old],
+                                  penalties)
         # Free the beams nobody continues first, so their slots serve this step's forks.
         chosen = {parent_index for parent_index, _, _ in step.running}
         for i, seq in enumerate(old):
@@ -354,6 +359,7 @@ class EngineCore:
             if parent_index in reused:  # a second child of the same parent: fork before anyone appends
                 child = self._new_sequence(group, list(parent.token_ids), len(new))
                 child.num_computed = parent.num_computed
+                child.coverage = parent.coverage
                 if parent.grammar is not None:
                     child.grammar = parent.grammar.fork()
                 self.cache.fork(parent.seq_id, child.seq_id)

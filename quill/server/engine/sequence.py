@@ -38,6 +38,9 @@ class Sequence:
     decoder: object = None  # IncrementalDecoder, created by the engine
     stop: object = None  # StopChecker, created by the engine
     grammar: object = None  # GrammarMatcher of a constrained request (quill/server/structured), at this sequence's place
+    # a beam of a request with a coverage penalty: each source token's attention summed over the positions computed
+    # (a device tensor, replaced, never changed in place: forks share it)
+    coverage: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -15,6 +15,7 @@ MAX_LOGPROBS = 20  # OpenAI's cap on alternatives per token
 MAX_ABS_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values
 MAX_ABS_PENALTY = 2.0  # OpenAI's range for presence/frequency penalties
 LENGTH_PENALTY_TYPES = ("power", "wu")
+COVERAGE_PENALTY_TYPES = ("wu", "summary")
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
@@ -85,6 +86,11 @@ class SamplingParams:
     # OpenNMT's -length_penalty wu -alpha)
     length_penalty_type: Literal["power", "wu"] = "power"
     early_stopping: bool | Literal["never"] = False  # beam search: HF's meaning
+    # beta >= 0: an encoder-decoder's finished beam loses beta * a penalty on its coverage, each source token's
+    # attention summed over the answer's steps (OpenNMT's -coverage_penalty/-beta; beam_search.py): "wu" (Wu et al.
+    # 2016) -sum log min(coverage, 1), "summary" sum max(coverage, 1) - 1
+    coverage_penalty: float = 0.0
+    coverage_penalty_type: Literal["wu", "summary"] = "wu"
     # the first output tokens, forced (transformers' forced_bos_token_id: an encoder-decoder's target language)
     forced_token_ids: list[int] = field(default_factory=list)
     no_repeat_ngram_size: int = 0  # > 0: never repeat an n-gram of this size (transformers' rule); 0: off
@@ -165,6 +171,10 @@ class SamplingParams:
         if self.length_penalty_type not in LENGTH_PENALTY_TYPES:
             raise SamplingParamError("length_penalty_type", f"must be one of {', '.join(LENGTH_PENALTY_TYPES)}, got "
                                                             f"{self.length_penalty_type!r}")
+        _check_real("coverage_penalty", self.coverage_penalty, ">= 0", lambda v: v >= 0)
+        if self.coverage_penalty_type not in COVERAGE_PENALTY_TYPES:
+            raise SamplingParamError("coverage_penalty_type", f"must be one of {', '.join(COVERAGE_PENALTY_TYPES)}, "
+                                                              f"got {self.coverage_penalty_type!r}")
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             raise SamplingParamError("early_stopping", f'must be true, false or "never", got {self.early_stopping!r}')
         if self.use_beam_search:
@@ -182,6 +192,11 @@ class SamplingParams:
             raise SamplingParamError("length_penalty_type", f"needs use_beam_search, got {self.length_penalty_type!r}")
         if self.early_stopping is not False:
             raise SamplingParamError("early_stopping", f"needs use_beam_search, got {self.early_stopping!r}")
+        if self.coverage_penalty != 0.0:
+            raise SamplingParamError("coverage_penalty", f"needs use_beam_search, got {self.coverage_penalty!r}")
+        if self.coverage_penalty_type != "wu":
+            raise SamplingParamError("coverage_penalty_type",
+                                     f"needs use_beam_search, got {self.coverage_penalty_type!r}")
 
     def _check_structured(self) -> None:
         if self.structured is None:
@@ -214,6 +229,11 @@ class SamplingParams:
         """Whether its next token's bans depend on the tokens before it (no_repeat_ngram_size, bad words): each
         step's mask is filled on the host from them (grammar_masks.py)."""
         return bool(self.no_repeat_ngram_size or self.bad_words_token_ids)
+
+    @property
+    def follows_coverage(self) -> bool:
+        """Its beams' attention over the source is summed, for the coverage penalty."""
+        return self.use_beam_search and self.coverage_penalty > 0
 
     @property
     def scores_samples(self) -> bool:

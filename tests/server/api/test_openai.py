@@ -166,6 +166,9 @@ BAD_REQUESTS = [
     ({"prompt": "x", "bad_words": [""]}, "bad_words"),
     ({"prompt": "x", "bad_words": ["   "]}, "bad_words"),
     ({"prompt": "x", "bad_words": "word"}, "bad_words"),
+    ({"prompt": "x", "coverage_penalty": 0.5}, "coverage_penalty"),  # needs beam search
+    ({"prompt": "x", "use_beam_search": True, "best_of": 2, "coverage_penalty": 0.5}, "coverage_penalty"),  # attention
+    ({"prompt": "x", "use_beam_search": True, "best_of": 2, "coverage_penalty_type": "gnmt"}, "coverage_penalty_type"),
 ]
 
 

@@ -66,6 +66,31 @@ def test_openai_completion_and_target_prefix(served):
     assert prefixed.choices[0].text.startswith("His house")
 
 
+def test_beam_search_with_a_coverage_penalty(served):
+    """The openai client's beam request with OpenNMT's coverage penalty answers the best of the reference beam search
+    whose coverage is the reference's own cross-attention (the last layer's, averaged over heads); its near-tied
+    runners-up are left out (tests/server/engine/test_coverage_penalty.py compares whole n-best lists). A type the
+    server does not know gets a 400 naming the field."""
+    server, reference, loaded = served
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    source = loaded.seq2seq.source_ids(SENTENCES[1])
+
+    def penalty(prefix):  # Wu et al. 2016, beta 0.4
+        with torch.no_grad():
+            out = reference(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([prefix]),
+                            output_attentions=True)
+        return -0.4 * float(out.cross_attentions[-1][0].mean(0).sum(0).clamp(max=1.0).log().sum())
+
+    best = reference_beam(_next_logprobs(reference, source), 2, MAX_NEW, 2, width=4, n=1, penalty=penalty)[0][0]
+    got = client.completions.create(model="fairseq-wmt", prompt=SENTENCES[1], max_tokens=MAX_NEW, temperature=0,
+                                    best_of=4, extra_body={"use_beam_search": True, "coverage_penalty": 0.4})
+    assert got.choices[0].text == loaded.tokenizer.decode(best)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="fairseq-wmt", prompt=SENTENCES[1], max_tokens=MAX_NEW, best_of=4,
+                                  extra_body={"use_beam_search": True, "coverage_penalty_type": "gnmt"})
+    assert refused.value.body["param"] == "coverage_penalty_type"
+
+
 def test_libretranslate_client(served):
     server, reference, loaded = served
     client = libretranslatepy.LibreTranslateAPI(server.url + "/")

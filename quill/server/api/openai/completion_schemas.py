@@ -41,6 +41,8 @@ class VLLMExtensions(GuidedFields):
     length_penalty: float = 1.0
     length_penalty_type: Literal["power", "wu"] = "power"  # "wu": OpenNMT's (Wu et al. 2016)
     early_stopping: bool | Literal["never"] = False
+    coverage_penalty: float = 0.0  # OpenNMT's -beta, for an encoder-decoder's beams (sampling/coverage.py)
+    coverage_penalty_type: Literal["wu", "summary"] = "wu"
     no_repeat_ngram_size: int = 0  # transformers' rule: never repeat an n-gram of this size (0: off)
     bad_words: list[str] | None = None  # never generated (bad_words.py)
     skip_special_tokens: bool = Field(default=True, description="drop special tokens from the text")
@@ -81,6 +83,7 @@ class OpenAISampling(VLLMExtensions):
             use_beam_search=self.use_beam_search, beam_width=beam_width,
             length_penalty=self.length_penalty, length_penalty_type=self.length_penalty_type,
             early_stopping=self.early_stopping,
+            coverage_penalty=self.coverage_penalty, coverage_penalty_type=self.coverage_penalty_type,
             skip_special_tokens=self.skip_special_tokens, structured=self.structured_output()[0],
             no_repeat_ngram_size=self.no_repeat_ngram_size, forced_token_ids=forced_token_ids or [],
             bad_words_token_ids=bad_words_token_ids(hosted.loaded.tokenizer, self.bad_words) if self.bad_words else [],

@@ -109,8 +109,9 @@ def _check_best_of(p: GenerateParameters, config: ServerConfig, stream: bool) ->
 def _check_beams(p: GenerateParameters) -> None:
     """Beam search is Quill's addition; it ranks raw log-probabilities and knows no stop strings."""
     if p.num_beams == 1:
-        if p.length_penalty != 1.0 or p.early_stopping is not False:
-            raise invalid("length_penalty and early_stopping need beam search (num_beams > 1)", "num_beams")
+        if p.length_penalty != 1.0 or p.early_stopping is not False or p.coverage_penalty != 0.0:
+            raise invalid("length_penalty, early_stopping and coverage_penalty need beam search (num_beams > 1)",
+                          "num_beams")
         return
     clashes = {"do_sample/temperature/top_k/top_p": p.is_sampling, "best_of": p.num_sequences > 1,
                "stop": bool(p.stop), "top_n_tokens": bool(p.top_n_tokens),

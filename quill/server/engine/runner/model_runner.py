@@ -16,7 +16,7 @@ from ..cache.state_kinds import StateLayout
 from .graphs import DecodeGraphs
 from .decode_rows import DecodeRows, delta_inputs, plain_tail
 from .inputs import InputBuffers, LogitRows, Packed, pack
-from .read_out import PendingStep, StepResult, read_out
+from .read_out import PendingStep, StepResult, add_coverage, read_out
 from .sampling_plan import SamplingPlan, argmax_only, plan_plain, plan_sampling
 
 
@@ -65,11 +65,13 @@ class ModelRunner:
         if kept is not None and index is None and not tail and rows.whole is not None:
             return self._again(batch, rows)
         masks = longest = None
-        if kept is not None:
+        aligned = False
+        if kept is not None:  # plain sampling rows only: no beams, so no coverage
             packed, logit_rows, plan, longest = self._delta(rows, index, kept, tail)
         else:
             packed, logit_rows, plan, masks = self._whole(batch, inputs_from)
-        pending = self._run(batch, packed, logit_rows, plan, masks)
+            aligned = any(seq.group.params.follows_coverage for seq, _ in batch.work)
+        pending = self._run(batch, packed, logit_rows, plan, masks, aligned=aligned)
         self.rows = DecodeRows.of(packed, logit_rows, plan, pending.sampled_ids, len(kept or ()), longest)
         return pending
 
@@ -121,15 +123,19 @@ class ModelRunner:
         return kept, index, tail
 
     def _run(self, batch: ScheduledBatch, packed: Packed, logit_rows: LogitRows, plan: SamplingPlan | None,
-             masks, in_place: bool = False) -> PendingStep:
+             masks, in_place: bool = False, aligned: bool = False) -> PendingStep:
         """The forward pass, eager or replayed, then the read-out. `in_place`: the buffers hold the inputs already
-        (and the argmax-only marks stand: a persistent row's settings never change)."""
-        size = self.graphs.bucket_for(packed.query_lens)
+        (and the argmax-only marks stand: a persistent row's settings never change). `aligned`: `packed` is
+        `batch.work` in order, some of it summing its coverage (eager: a graph returns no alignment)."""
+        size = None if aligned else self.graphs.bucket_for(packed.query_lens)
         if size is None:
             if not in_place and self.cheap_argmax:
                 logit_rows.argmax_only = argmax_only(logit_rows, len(packed.rows), self.device)
             step = self.buffers.step_batch(packed, logit_rows.argmax_only, upload=not in_place)
+            step.want_alignment = aligned
             logits = self.model.step(step, self.state)  # (logit rows, V)
+            if aligned:
+                add_coverage(batch.work, step.alignment)
         else:
             logits = self.graphs.replay(packed, size, fill=not in_place)
         if self.banned is not None:

@@ -10,6 +10,7 @@ import torch
 
 from quill.server.sampling import prompt_logprobs, sample
 from quill.server.sampling.beam import BeamRequest, beam_candidates
+from quill.server.sampling.coverage import coverage_penalty
 
 from ..grammar_masks import PendingMasks
 from ..outputs import TokenLogprob
@@ -33,8 +34,9 @@ class StepResult:
     # Every sampling sequence whose tokens are all computed: one token, or n when its prompt just
     # completed and the request forks into n samples (token i for output i).
     sampled: list[tuple[Sequence, list[Sampled]]] = field(default_factory=list)
-    # Every beam request whose beams are all computed: candidate scores (descending), flat indices.
-    beams: list[tuple[SequenceGroup, list[float], list[int]]] = field(default_factory=list)
+    # Every beam request whose beams are all computed: candidate scores (descending), flat indices, and each beam's
+    # coverage penalty (None: the request has none).
+    beams: list[tuple[SequenceGroup, list[float], list[int], list[float] | None]] = field(default_factory=list)
     # Prompt tokens scored this step (echo / prompt_logprobs), in order.
     prompt_logprobs: list[tuple[Sequence, list[TokenLogprob]]] = field(default_factory=list)
 
@@ -179,15 +181,35 @@ def _rank_beams(logits: torch.Tensor, logit_rows: LogitRows, transfer: Transfer,
     allowed = None if masks is None else masks.allowed([seq for group in groups for seq in group.seqs])
     values, indices = beam_candidates(logits, requests, allowed)
     v, i, width = transfer.add(values), transfer.add(indices), values.shape[1]
+    penalties = [_coverage_penalties(group, transfer) for group in groups]
 
     def result(host: list[list[float]]):
         out = []
-        for g, (group, request) in enumerate(zip(groups, requests)):
+        for g, (group, request, p) in enumerate(zip(groups, requests, penalties)):
             first, k = g * width, min(request.num_candidates, width)
-            out.append((group, host[v][first : first + k], [int(x) for x in host[i][first : first + k]]))
+            out.append((group, host[v][first : first + k], [int(x) for x in host[i][first : first + k]],
+                        None if p is None else host[p]))
         return out
 
     return result
+
+
+def add_coverage(work: list[tuple[Sequence, int]], alignment: torch.Tensor) -> None:
+    """Add the step's alignment (StepBatch.alignment, a row per sequence of `work`) to the coverage of each sequence
+    that sums it; a chunk from position 0 (a first step, or one recomputed after preemption) starts it anew."""
+    for row, (seq, _) in enumerate(work):
+        if seq.group.params.follows_coverage:
+            step = alignment[row, : len(seq.group.encoder_token_ids)]
+            seq.coverage = step if seq.num_computed == 0 or seq.coverage is None else seq.coverage + step
+
+
+def _coverage_penalties(group: SequenceGroup, transfer: Transfer) -> int | None:
+    """Queue each beam's coverage penalty, this step's attention included; None where the request has none."""
+    params = group.params
+    if not params.follows_coverage:
+        return None
+    coverage = torch.stack([seq.coverage for seq in group.seqs])
+    return transfer.add(coverage_penalty(coverage, params.coverage_penalty, params.coverage_penalty_type))
 
 
 def _score_prompts(logits: torch.Tensor, logit_rows: LogitRows, transfer: Transfer):
