@@ -20,6 +20,13 @@ from quill.server.sampling import SamplingParams
 NextLogprobs = Callable[[list[int]], torch.Tensor]
 
 
+def never_pad(logprobs: torch.Tensor, pad: int = 1) -> torch.Tensor:
+    """fairseq's SequenceGenerator: pad's log-probability set to -inf after normalising, at every step."""
+    logprobs = logprobs.clone()
+    logprobs[pad] = float("-inf")
+    return logprobs
+
+
 def reference_greedy(next_logprobs: NextLogprobs, start: int, max_tokens: int, eos: int) -> list[int]:
     out: list[int] = []
     while len(out) < max_tokens:

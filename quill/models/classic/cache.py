@@ -20,7 +20,7 @@ import torch
 from .conversion import convert, find_format
 from .formats import ClassicFormat
 
-CONVERSION_VERSION = 1  # bump when a conversion's output changes, so old cache entries are not reused
+CONVERSION_VERSION = 2  # bump when a conversion's output changes, so old cache entries are not reused
 CHUNK = 1 << 20
 
 

@@ -191,7 +191,8 @@ def convert(path: Path, vocab: Path | None) -> Converted:
             "languages": [source_lang, target_lang], "moses": tokenizer != "space", "lowercase": False,
             "bpe_codes": str(codes) if codes is not None else None, "sentencepiece": None}
     metadata = {"fairseq_arch": arch, "languages": [source_lang, target_lang]}
-    return Converted(architecture, model, None, metadata, seq2seq_tokenizer=spec)
+    # fairseq's SequenceGenerator sets pad's log-probability to -inf at every step
+    return Converted(architecture, model, None, metadata, seq2seq_tokenizer=spec, never_generated=("pad",))
 
 
 def _source_rows(model) -> int:

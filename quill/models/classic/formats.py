@@ -10,6 +10,7 @@ formats that do not keep theirs beside it; None looks beside the model.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from quill.models.loading.errors import CheckpointError
+from quill.models.loading.generation_config import GENERATION_CONFIG_FILE
 from quill.models.loading.saving import save_checkpoint
 from quill.models.text.tokenizer import Tokenizer
 from quill.models.text.toolkit_tokenizer import write_toolkit_tokenizer
@@ -31,6 +33,9 @@ class Converted:
     metadata: dict = field(default_factory=dict)  # "source_format" and whatever the original said of itself
     # A translation model's text rules and vocabularies (quill/models/text/toolkit_tokenizer.py), files by path
     seq2seq_tokenizer: dict | None = None
+    # Specials of the target vocabulary (names in its "specials") the toolkit's decoder never emits (fairseq's pad):
+    # written as generation_config.json's bad words, which every request then bans
+    never_generated: tuple[str, ...] = ()
 
     def save(self, directory: Path, dtype: torch.dtype = torch.float32, metadata: dict | None = None) -> Path:
         """Write it as a Quill checkpoint directory (`metadata`: instead of its own)."""
@@ -40,6 +45,9 @@ class Converted:
                               metadata=self.metadata if metadata is None else metadata, eos_token_id=eos)
         if spec is not None:
             write_toolkit_tokenizer(out, spec)
+            banned = [[spec["target_vocab"].index(spec["specials"][name])] for name in self.never_generated]
+            if banned:
+                (out / GENERATION_CONFIG_FILE).write_text(json.dumps({"bad_words_ids": banned}) + "\n")
         return out
 
 

@@ -13,7 +13,7 @@ from tests.conftest import LiveServer
 from tests.models.classic.fairseq_translation_files import SENTENCES, write_fairseq_checkpoint
 from tests.models.classic.test_fairseq_translation import ARGS, SOURCE_ROWS, TARGET_ROWS, _fairseq_state
 from tests.seq2seq_models import write_hf_model
-from tests.toolkit_reference import reference_beam, reference_greedy
+from tests.toolkit_reference import never_pad, reference_beam, reference_greedy
 
 pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
@@ -42,7 +42,7 @@ def _next_logprobs(reference, source):
     def step(prefix):
         with torch.no_grad():
             logits = reference(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([prefix])).logits
-        return logits[0, -1].log_softmax(-1)
+        return never_pad(logits[0, -1].log_softmax(-1))
     return step
 
 

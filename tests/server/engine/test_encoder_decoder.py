@@ -120,9 +120,8 @@ def _greedy_answers(directory, family: str, sources: list[list[int]], max_tokens
 
 def test_banned_tokens_are_never_generated_as_bad_words_ids_makes_generate(tmp_path):
     """A checkpoint's one-token bad words (Marian bans its pad token so): banned here at the greedy answers' own
-    favourite tokens, so that the ban changes them; greedy and beam answers equal `generate(bad_words_ids=...)`.
-    (Beam scores are not compared: transformers bans after the log-softmax, the engine before it, so the banned
-    tokens' share of the normaliser differs.)"""
+    favourite tokens, so that the ban changes them; greedy and beam answers equal `generate(bad_words_ids=...)`,
+    beam scores too (ranked, as there, by the log-softmax of the whole distribution, the banned tokens then -inf)."""
     sources = _sources(3, seed=7)
     favourites = sorted({answer[0] for answer in _greedy_answers(tmp_path / "free", "marian", sources, 8)})
     engine, reference = _engine(tmp_path / "banned", "marian", banned=favourites)
@@ -136,9 +135,10 @@ def test_banned_tokens_are_never_generated_as_bad_words_ids_makes_generate(tmp_p
     for i, source in enumerate(sources):
         greedy, _ = _generated(reference, source, 2, max_new_tokens=8, bad_words_ids=bad_words, num_beams=1)
         assert finals[f"g{i}"][0][0] == greedy[0] and not set(greedy[0]) & set(favourites)
-        beams, _ = _generated(reference, source, 2, max_new_tokens=8, bad_words_ids=bad_words, num_beams=3,
-                              num_return_sequences=2)
+        beams, scores = _generated(reference, source, 2, max_new_tokens=8, bad_words_ids=bad_words, num_beams=3,
+                                   num_return_sequences=2)
         assert [finals[f"b{i}"][j][0] for j in range(2)] == beams
+        assert [finals[f"b{i}"][j][2] for j in range(2)] == pytest.approx(scores, abs=1e-4)
 
 
 def test_longer_bad_words_equal_generate(tmp_path):

@@ -6,6 +6,7 @@ import torch
 
 from quill.models.loading.checkpoint import LoadedModel
 from quill.models.host_copy import to_device
+from quill.server.sampling.beam import unbanned_log_share
 from quill.server.sampling.table import RowFlags, SamplingTable
 
 from ..cache.cache_table import CacheTable
@@ -138,10 +139,13 @@ class ModelRunner:
                 add_coverage(batch.work, step.alignment)
         else:
             logits = self.graphs.replay(packed, size, fill=not in_place)
+        kept_share = None
         if self.banned is not None:
+            if logit_rows.beam_rows:  # beams rank the distribution with the banned tokens in it, as transformers
+                kept_share = unbanned_log_share(logits, self.banned)
             # in place: a fresh tensor, or the graph's output, which each replay writes anew
             logits.index_fill_(-1, self.banned, float("-inf"))
-        return read_out(batch, logits, logit_rows, masks, plan)
+        return read_out(batch, logits, logit_rows, masks, plan, kept_share)
 
     def _token_source(self, batch: ScheduledBatch, previous: PendingStep) -> torch.Tensor:
         """(rows,) the input token of each of `batch`'s sequences, picked from the previous step's sampled ids."""

@@ -105,11 +105,13 @@ class PendingStep:
 
 
 def read_out(batch: ScheduledBatch, logits: torch.Tensor, logit_rows: LogitRows, masks: PendingMasks | None,
-             plan: SamplingPlan | None) -> PendingStep:
-    """Queue the step's samples, beam candidates and prompt scores for the host, and start their one copy back."""
+             plan: SamplingPlan | None, kept_share: torch.Tensor | None = None) -> PendingStep:
+    """Queue the step's samples, beam candidates and prompt scores for the host, and start their one copy back.
+    `kept_share`: where the checkpoint's banned tokens are -inf in `logits`, each row's log-probability mass outside
+    them (beam_candidates)."""
     transfer = Transfer()
     sampled = _sample(logits, plan, transfer)
-    beams = _rank_beams(logits, logit_rows, transfer, masks)
+    beams = _rank_beams(logits, logit_rows, transfer, masks, kept_share)
     scored = _score_prompts(logits, logit_rows, transfer)
     arrival = transfer.start()  # the step's one device-to-host copy
     ids = transfer.parts[0] if logit_rows.sampled else None  # `_sample` queues its token ids first
@@ -165,7 +167,8 @@ def _sample(logits: torch.Tensor, plan: SamplingPlan | None, transfer: Transfer)
     return result
 
 
-def _rank_beams(logits: torch.Tensor, logit_rows: LogitRows, transfer: Transfer, masks: PendingMasks | None):
+def _rank_beams(logits: torch.Tensor, logit_rows: LogitRows, transfer: Transfer, masks: PendingMasks | None,
+                kept_share: torch.Tensor | None):
     requests, groups = [], []
     for group, rows_of in logit_rows.beam_rows.items():
         if len(rows_of) != len(group.seqs):
@@ -179,7 +182,7 @@ def _rank_beams(logits: torch.Tensor, logit_rows: LogitRows, transfer: Transfer,
     if not requests:
         return lambda host: []
     allowed = None if masks is None else masks.allowed([seq for group in groups for seq in group.seqs])
-    values, indices = beam_candidates(logits, requests, allowed)
+    values, indices = beam_candidates(logits, requests, allowed, kept_share)
     v, i, width = transfer.add(values), transfer.add(indices), values.shape[1]
     penalties = [_coverage_penalties(group, transfer) for group in groups]
 
