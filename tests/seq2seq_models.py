@@ -28,13 +28,17 @@ def hf_classes(family: str):
             "m2m_100": (t.M2M100Config, t.M2M100ForConditionalGeneration),
             "t5": (t.T5Config, t.T5ForConditionalGeneration), "t5-gated": (t.T5Config, t.T5ForConditionalGeneration),
             "mt5": (t.MT5Config, t.MT5ForConditionalGeneration),
+            "umt5": (t.UMT5Config, t.UMT5ForConditionalGeneration),
+            "umt5-tied": (t.UMT5Config, t.UMT5ForConditionalGeneration),
             "fsmt": (t.FSMTConfig, t.FSMTForConditionalGeneration)}[family]
 
 
 def _t5_shapes(family: str) -> dict:
-    """T5's own names for the shapes, a head size apart from d_model / heads (as T5's d_kv may be); plain T5 with
-    more decoder layers than encoder ones (transformers' generate() then fails: its cache counts the encoder's)."""
-    return dict(d_model=32, d_kv=6, d_ff=48, num_layers=2, num_decoder_layers=3 if family == "t5" else 2, num_heads=4,
+    """T5's own names for the shapes, a head size apart from d_model / heads (as T5's d_kv may be); plain T5 and
+    tied umT5 with more decoder layers than encoder ones (transformers' generate() then fails: its cache counts the
+    encoder's)."""
+    decoder_layers = 3 if family in ("t5", "umt5-tied") else 2
+    return dict(d_model=32, d_kv=6, d_ff=48, num_layers=2, num_decoder_layers=decoder_layers, num_heads=4,
                 relative_attention_num_buckets=8, relative_attention_max_distance=20, pad_token_id=0,
                 eos_token_id=1, decoder_start_token_id=0,
                 feed_forward_proj="relu" if family == "t5" else "gated-gelu")
@@ -43,10 +47,10 @@ def _t5_shapes(family: str) -> dict:
 def write_hf_model(directory: Path, family: str, vocab_size: int = VOCAB, seed: int = 0, **config):
     """A random `family` model saved in `directory`, its weights scaled up and its norms and biases perturbed so
     that its answers depend on the source and differ between tokens (defaults are near uniform). Returns the
-    transformers model."""
+    transformers model ("umt5": as transformers reads the files back)."""
     config_cls, model_cls = hf_classes(family)
     torch.manual_seed(seed)
-    if family in ("t5", "t5-gated", "mt5"):
+    if family in ("t5", "t5-gated", "mt5", "umt5", "umt5-tied"):
         shapes = _t5_shapes(family)
     elif family == "fsmt":  # a vocabulary for each side, the target's the larger
         shapes = {**SHAPES, **IDS, "langs": ["en", "de"], "tgt_vocab_size": vocab_size,
@@ -65,7 +69,23 @@ def write_hf_model(directory: Path, family: str, vocab_size: int = VOCAB, seed: 
                 p.mul_(3)
         if getattr(model, "final_logits_bias", None) is not None:
             model.final_logits_bias.normal_()
+        if family == "umt5":  # the hub's: an output layer of its own (transformers 5 can only build tied umT5s)
+            model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * 3)
     model.save_pretrained(directory)
+    if family == "umt5":
+        return _as_hub_umt5(directory, model_cls)
+    return model
+
+
+def _as_hub_umt5(directory: Path, model_cls):
+    """The config.json the hub's umT5 checkpoints have (transformers 4's: tie_word_embeddings false, which means
+    untied logits, not scaled), and the model transformers reads from these files."""
+    path = directory / "config.json"
+    raw = json.loads(path.read_text())
+    raw.pop("scale_decoder_outputs", None)
+    path.write_text(json.dumps({**raw, "tie_word_embeddings": False}, indent=2))
+    model = model_cls.from_pretrained(directory).eval()
+    assert model.lm_head.weight is not model.shared.weight and not model.config.scale_decoder_outputs
     return model
 
 

@@ -11,7 +11,7 @@ from tests.seq2seq_models import VOCAB, load_quill_model, write_hf_model
 
 pytest.importorskip("transformers")
 
-FAMILIES = ["marian", "bart", "mbart", "m2m_100", "fsmt", "t5", "t5-gated", "mt5"]
+FAMILIES = ["marian", "bart", "mbart", "m2m_100", "fsmt", "t5", "t5-gated", "mt5", "umt5", "umt5-tied"]
 
 
 def _step(model, state, tokens: list[int], start: int, source_len: int, tables) -> torch.Tensor:
@@ -44,7 +44,7 @@ def test_logits_equal_transformers(tmp_path, family, attention_backend):
     torch.testing.assert_close(torch.cat(pieces), expected, rtol=1e-4, atol=5e-4)
 
 
-@pytest.mark.parametrize("family", ["marian", "mbart", "fsmt", "t5"])
+@pytest.mark.parametrize("family", ["marian", "mbart", "fsmt", "t5", "umt5"])
 def test_alignment_is_the_last_layers_cross_attention_averaged_over_heads(tmp_path, family):
     """StepBatch.alignment (what the coverage penalty sums): the last decoder layer's cross-attention weights,
     averaged over its heads, summed over the step's tokens, as transformers returns them (cross_attentions)."""

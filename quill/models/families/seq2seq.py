@@ -1,12 +1,13 @@
 """Encoder-decoder Transformer (Vaswani et al. 2017) as translation and summarization checkpoints ship it: Marian
-(OPUS-MT), BART and mBART, M2M100 and NLLB-200, T5 and mT5.
+(OPUS-MT), BART and mBART, M2M100 and NLLB-200, T5, mT5 and umT5.
 
 One configuration spans them, their departures as switches: post-norm layers (Marian, BART) or pre-norm with a
 final norm (mBART, M2M100, T5); sinusoidal positions in Marian's layout (sines then cosines, wavelengths over d) or
 fairseq's (over d/2 - 1, positions from the padding id + 1), learned positions read two rows on (BART), or none
 but T5's relative-position bias on every score (quill/models/attention/relative_bias.py, with no 1/sqrt(d) scale);
 a norm of the embeddings (BART); embeddings scaled by sqrt(d); a bias on the logits (Marian, BART); RMS norms,
-linear layers without biases, a gated feed-forward and the output scaled by 1/sqrt(d) before tied logits (T5).
+linear layers without biases, a gated feed-forward and the output scaled by 1/sqrt(d) before tied logits (T5); a
+bias table in every layer's self-attention rather than the first layer's for all (umT5).
 
 State: the encoder runs once per request (`encode`, sources of many requests packed in one pass) and writes every
 decoder layer's cross-attention K,V into blocks of the state's `EncoderCache`, which each sequence of the request
@@ -65,6 +66,7 @@ class Seq2SeqConfig:
     attn_scale: float | None = None  # on every score; None: 1/sqrt(head size) (T5: 1)
     relative_buckets: int = 0  # T5's relative-position bias: its buckets (0: none)
     relative_max_distance: int = 128
+    relative_bias_per_layer: bool = False  # each layer's self-attention its own bias table (umT5), not the stack's
     gated_ffn: bool = False  # act(x W0) * (x W1), then the output layer (T5 v1.1, Flan-T5, mT5)
     output_scale: float = 1.0  # the last hidden state is scaled by this before the logits (T5, tied: d^-1/2)
     decoder_start_token_id: int = 0
@@ -81,6 +83,8 @@ class Seq2SeqConfig:
             raise ValueError(f"norm must be one of {NORMS}, not {self.norm!r}")
         if self.head_size is None and (self.d_model % self.n_heads or self.d_model % 2):
             raise ValueError(f"d_model ({self.d_model}) must be even and a multiple of n_heads ({self.n_heads})")
+        if self.relative_bias_per_layer and not self.relative_buckets:
+            raise ValueError("relative_bias_per_layer needs relative_buckets (the tables' size)")
 
     @property
     def head_dim(self) -> int:
@@ -99,6 +103,10 @@ def make_norm(config: Seq2SeqConfig) -> nn.Module:
     if config.norm == "rmsnorm":
         return RMSNorm(config.d_model, eps=config.norm_eps)
     return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+
+
+def relative_bias(config: Seq2SeqConfig, bidirectional: bool) -> RelativeBias:
+    return RelativeBias(config.relative_buckets, config.n_heads, config.relative_max_distance, bidirectional)
 
 
 def sinusoids(positions: torch.Tensor, dim: int, layout: str) -> torch.Tensor:
@@ -123,8 +131,8 @@ class Stack(nn.Module):
         self.config = config
         learned = config.positional == "learned"
         self.pos_embed = nn.Embedding(max_len + config.position_offset, config.d_model) if learned else None
-        self.rel_bias = RelativeBias(config.relative_buckets, config.n_heads, config.relative_max_distance,
-                                     bidirectional) if config.relative_buckets else None
+        shared = config.relative_buckets and not config.relative_bias_per_layer
+        self.rel_bias = relative_bias(config, bidirectional) if shared else None  # T5's: the first layer's
         self.embed_norm = make_norm(config) if config.embed_norm else None
         self.layers = nn.ModuleList(layers)
         self.final_norm = make_norm(config) if config.final_norm else None
@@ -162,13 +170,14 @@ class FeedForward(nn.Module):
 
 
 class Layer(nn.Module):
-    """What a layer of either stack has: self-attention (q, k, v in one matmul) and a feed-forward, each with its
-    norm."""
+    """What a layer of either stack has: self-attention (q, k, v in one matmul; umT5: its own bias table) and a
+    feed-forward, each with its norm."""
 
-    def __init__(self, config: Seq2SeqConfig, ffn: int):
+    def __init__(self, config: Seq2SeqConfig, ffn: int, bidirectional: bool):
         super().__init__()
         self.config = config
         d, inner, bias = config.d_model, config.inner_dim, config.linear_bias
+        self.rel_bias = relative_bias(config, bidirectional) if config.relative_bias_per_layer else None
         self.attn_norm = make_norm(config)
         self.qkv = nn.Linear(d, 3 * inner, bias=bias)
         self.out = nn.Linear(inner, d, bias=bias)
@@ -178,7 +187,7 @@ class Layer(nn.Module):
 
 class EncoderLayer(Layer):
     def __init__(self, config: Seq2SeqConfig):
-        super().__init__(config, config.encoder_ffn)
+        super().__init__(config, config.encoder_ffn, bidirectional=True)
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor, real: torch.Tensor, shape: tuple[int, int],
                ops: LayerOps) -> torch.Tensor:
@@ -203,7 +212,7 @@ class EncoderLayer(Layer):
 
 class DecoderLayer(Layer):
     def __init__(self, config: Seq2SeqConfig):
-        super().__init__(config, config.decoder_ffn)
+        super().__init__(config, config.decoder_ffn, bidirectional=False)
         d, inner, bias = config.d_model, config.inner_dim, config.linear_bias
         self.cross_norm = make_norm(config)
         self.cross_q = nn.Linear(d, inner, bias=bias)
@@ -224,6 +233,15 @@ class DecoderLayer(Layer):
         x = _sublayer(x, self.attn_norm, lambda h: self.self_attend(h, *self_kv, attention, ops), pre)
         x = _sublayer(x, self.cross_norm, lambda h: self.cross_attend(h, *cross_kv, cross, ops, align), pre)
         return _sublayer(x, self.mlp_norm, lambda h: self.mlp(h, ops), pre)
+
+
+def _encoder_mask(table: RelativeBias | None, positions: torch.Tensor, keys: torch.Tensor,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """keys (E, 1, 1, S): which keys are real; with a bias table (T5), its bias (1, H, S, S) with -inf on the padding
+    keys, for SDPA to add to the scores."""
+    if table is None:
+        return keys
+    return table(positions, positions)[None].masked_fill(~keys, float("-inf")).to(dtype)
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -270,12 +288,11 @@ class Seq2SeqTransformer(nn.Module):
         valid = positions[None, :] < lengths[:, None]  # (E, S)
         real = valid.flatten().nonzero().squeeze(1)
         x = self.encoder.embed(self.source_embed(tokens), positions).flatten(0, 1)[real]
-        mask = valid[:, None, None, :]
-        if self.encoder.rel_bias is not None:  # T5: the bias, and -inf on the padding keys
-            bias = self.encoder.rel_bias(positions, positions)[None]  # (1, H, S, S)
-            mask = bias.masked_fill(~mask, float("-inf")).to(x.dtype)
+        keys = valid[:, None, None, :]
+        mask = _encoder_mask(self.encoder.rel_bias, positions, keys, x.dtype)  # T5: one for every layer
         for layer in self.encoder.layers:
-            x = layer(x, mask, real, tuple(tokens.shape), ops)
+            own = mask if layer.rel_bias is None else _encoder_mask(layer.rel_bias, positions, keys, x.dtype)  # umT5
+            x = layer(x, own, real, tuple(tokens.shape), ops)
         return self.encoder.final_norm(x) if self.encoder.final_norm is not None else x
 
     @torch.inference_mode()
@@ -302,8 +319,9 @@ class Seq2SeqTransformer(nn.Module):
         """Run each sequence's new decoder tokens against its cached self-attention K,V (written in place) and its
         request's encoder output."""
         kv, memory, ops, c = state.kv, state.encoder, self.layer_ops, self.config
-        if self.decoder.rel_bias is not None:
-            attention = RelativeBiasAttention(batch, kv.block_size, self.decoder.rel_bias, c.scale, kv.k.dtype)
+        if c.relative_buckets:  # T5: the stack's table for every layer; umT5: the first layer's, then each its own
+            table = self.decoder.rel_bias if self.decoder.rel_bias is not None else self.decoder.layers[0].rel_bias
+            attention = RelativeBiasAttention(batch, kv.block_size, table, c.scale, kv.k.dtype)
         else:
             attention = kv.attention.build(batch, kv.block_size)
         cross = CrossAttention.build(batch, memory.block_size, c.scale, kv.attention.name, memory.k.dtype)
@@ -311,7 +329,9 @@ class Seq2SeqTransformer(nn.Module):
         last = len(self.decoder.layers) - 1
         for i, layer in enumerate(self.decoder.layers):
             align = batch.want_alignment and i == last
-            x = layer.step(x, (kv.k[i], kv.v[i]), (memory.k[i], memory.v[i]), attention, cross, ops, align)
+            # umT5: each layer's own table (the first layer's is the one `attention` was built with)
+            own = attention.with_bias(layer.rel_bias) if layer.rel_bias is not None and i else attention
+            x = layer.step(x, (kv.k[i], kv.v[i]), (memory.k[i], memory.v[i]), own, cross, ops, align)
         if batch.want_alignment:
             batch.sum_alignment(cross.mean_alignment())
         if batch.logits_indices is not None:

@@ -1,4 +1,4 @@
-"""The Hugging Face encoder-decoder families (Marian, BART, mBART, M2M100/NLLB, FSMT, T5/mT5): how each config.json
+"""The Hugging Face encoder-decoder families (Marian, BART, mBART, M2M100/NLLB, FSMT, T5/mT5/umT5): how each config.json
 maps onto `Seq2SeqConfig`, and the table of checkpoint tensors each of our parameters is made of (q, k, v fused into
 one matmul; the cross-attention's k, v into another, run once per request on the encoder's output).
 
@@ -100,12 +100,17 @@ SEQ2SEQ_TENSORS = {
 }
 
 def _t5(raw: dict) -> Seq2SeqConfig:
-    """T5 and mT5: relative-position bias, RMS norms, no biases, relu or gated feed-forward (feed_forward_proj)."""
+    """T5, mT5 and umT5: relative-position bias (umT5: a table in every layer), RMS norms, no biases, relu or gated
+    feed-forward (feed_forward_proj)."""
     gated, _, act = raw["feed_forward_proj"].rpartition("-")
     activation = {"gelu": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu"}.get(act)
     if activation is None or gated not in ("", "gated"):
         raise ValueError(f"feed_forward_proj {raw['feed_forward_proj']!r} is not supported")
     tied = raw.get("tie_word_embeddings", True)
+    # T5 and umT5 scale their last hidden state where the output layer is the embedding; mT5 never does (transformers
+    # 5 ties mT5's and still does not scale). transformers 5 saves tie_word_embeddings true whatever the model was,
+    # and what it meant for the scaling as scale_decoder_outputs.
+    scaled = raw["model_type"] in ("t5", "umt5") and raw.get("scale_decoder_outputs", tied)
     length = raw.get("n_positions") or 512  # no positions to outgrow: the length T5 was trained on
     return Seq2SeqConfig(
         vocab_size=raw["vocab_size"], d_model=raw["d_model"], encoder_layers=raw["num_layers"],
@@ -115,16 +120,16 @@ def _t5(raw: dict) -> Seq2SeqConfig:
         norm_eps=raw["layer_norm_epsilon"], linear_bias=False, head_size=raw["d_kv"], attn_scale=1.0,
         relative_buckets=raw["relative_attention_num_buckets"],
         relative_max_distance=raw["relative_attention_max_distance"], gated_ffn=gated == "gated",
-        # T5 scales its last hidden state where the output layer is the embedding; mT5 never does (transformers 5
-        # ties mT5's and still does not scale)
-        output_scale=raw["d_model"] ** -0.5 if tied and raw["model_type"] == "t5" else 1.0, tie_output=tied,
+        relative_bias_per_layer=raw["model_type"] == "umt5",
+        output_scale=raw["d_model"] ** -0.5 if scaled else 1.0, tie_output=tied,
         decoder_start_token_id=raw["decoder_start_token_id"], pad_token_id=raw.get("pad_token_id"),
         extra={"hf_model_type": raw["model_type"]},
     )
 
 
 def _t5_tensors(config: Seq2SeqConfig) -> dict:
-    """T5's names: block i, layer 0 its self-attention, 1 the cross-attention (decoder), last the feed-forward."""
+    """T5's names: block i, layer 0 its self-attention, 1 the cross-attention (decoder), last the feed-forward; the
+    bias table block 0's (T5, mT5) or every block's (umT5)."""
     ff = "wi_0.weight", "wi_1.weight"
     table = {"embed.weight": one("shared.weight|decoder.embed_tokens.weight"), "lm_head.weight": one("lm_head.weight")}
     for stack in ("encoder", "decoder"):
@@ -132,6 +137,7 @@ def _t5_tensors(config: Seq2SeqConfig) -> dict:
         last = 2 if stack == "decoder" else 1
         table.update({
             f"{stack}.rel_bias.weight": one(f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+            f"{ours}.rel_bias.weight": one(f"{theirs}.0.SelfAttention.relative_attention_bias.weight"),
             f"{stack}.final_norm.weight": one(f"{stack}.final_layer_norm.weight"),
             f"{ours}.qkv.weight": fused(*(f"{theirs}.0.SelfAttention.{x}.weight" for x in "qkv")),
             f"{ours}.out.weight": one(f"{theirs}.0.SelfAttention.o.weight"),
@@ -173,6 +179,10 @@ SEQ2SEQ_FAMILIES = {
     "t5": Family(_t5, _t5_tensors, prefix="", architecture="seq2seq", defaults=_T5_DEFAULTS),
     "mt5": Family(_t5, _t5_tensors, prefix="", architecture="seq2seq", defaults={**_T5_DEFAULTS,
                                                                                  "tie_word_embeddings": False}),
+    # UMT5Config's own defaults; tie_word_embeddings true as T5's (the hub's umT5 configs say false)
+    "umt5": Family(_t5, _t5_tensors, prefix="", architecture="seq2seq", defaults={
+        **_T5_DEFAULTS, "feed_forward_proj": "gated-gelu", "num_heads": 6, "vocab_size": 250112, "d_model": 512,
+        "d_ff": 1024, "num_layers": 8}),
     "m2m_100": Family(_m2m100, SEQ2SEQ_TENSORS, architecture="seq2seq", defaults={
         **_DEFAULTS, "activation_function": "relu", "scale_embedding": True, "max_position_embeddings": 1024}),
 }

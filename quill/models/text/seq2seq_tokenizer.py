@@ -314,4 +314,4 @@ def load_seq2seq_tokenizer(directory: Path, config: dict) -> Seq2SeqTokenizer:
         pair, source, target, eos_id = load_fsmt(directory, tok_config, special)
         return PairTokenizer(pair, source.encode, target, eos_id)
     raise CheckpointError(directory / "config.json", f"model_type {model_type!r} is not an encoder-decoder family "
-                          "whose tokenizer Quill reads (marian, m2m_100, mbart, bart, t5, mt5, fsmt)")
+                          "whose tokenizer Quill reads (marian, m2m_100, mbart, bart, t5, mt5, umt5, fsmt)")

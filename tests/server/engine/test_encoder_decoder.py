@@ -63,7 +63,7 @@ def _generated(reference, source, start, **kwargs):
     return rows, (out.sequences_scores.tolist() if kwargs.get("num_beams", 1) > 1 else None)
 
 
-@pytest.mark.parametrize("family", ["marian", "m2m_100", "fsmt", "t5-gated"])
+@pytest.mark.parametrize("family", ["marian", "m2m_100", "fsmt", "t5-gated", "umt5"])
 def test_busy_batch_equals_transformers(tmp_path, family):
     engine, reference = _engine(tmp_path, family)
     start = reference.config.decoder_start_token_id
