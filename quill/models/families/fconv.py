@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..batch import StepBatch, run_by_parts, split_decodes
+from ..kernels import TORCH_OPS, LayerOps
+from ..kernels.ops_linear import MatrixView
 from ..state import SlotState
 from .adaptive_softmax import AdaptiveSoftmax
 
@@ -80,18 +82,20 @@ class CausalGatedConv(nn.Module):
                                    * (4 / (kernel_size * in_channels)) ** 0.5)
         self.bias = nn.Parameter(torch.zeros(2 * out_channels))
         self.kernel_size = kernel_size
+        self.matrix = MatrixView()
 
-    def forward(self, x: torch.Tensor, history: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, history: torch.Tensor | None,
+                ops: LayerOps = TORCH_OPS) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, in), history (B, k-1, in) -> (B, T, out), and the inputs with history (B, k-1+T, in)."""
         full = x if history is None else torch.cat([history, x], dim=1)
         batch, steps = x.shape[:2]
         windows = full.unfold(1, self.kernel_size, 1).reshape(batch, steps, -1)  # (B, T, in*k), weight order
-        out = F.linear(windows, self.weight.flatten(1), self.bias)
-        return F.glu(out, dim=-1), full
+        return F.glu(ops.linear(windows, self.matrix(self.weight), self.bias), dim=-1), full
 
 
 class FConvLanguageModel(nn.Module):
     state_kind = SlotState.kind
+    layer_ops: LayerOps = TORCH_OPS  # the loader's choice: how a step's convolutions multiply (oneDNN on the CPU)
     # With an adaptive softmax, a row whose argmax alone is read (StepBatch.argmax_only) costs a fraction
     # of its full distribution (adaptive_softmax.py's `greedy`); set per model in __init__.
     cheap_argmax = False
@@ -121,13 +125,14 @@ class FConvLanguageModel(nn.Module):
             self.cheap_argmax = True
         self.residual_scale = math.sqrt(c.normalization_constant)
 
-    def _run(self, tokens: torch.Tensor, histories: list[torch.Tensor | None]) -> tuple[torch.Tensor, list]:
+    def _run(self, tokens: torch.Tensor, histories: list[torch.Tensor | None],
+             ops: LayerOps = TORCH_OPS) -> tuple[torch.Tensor, list]:
         """(B, T) tokens and each conv's history -> (B, T, last width) and each conv's input with history."""
         x = self.fc1(self.embed_tokens(tokens))
         outputs, fulls = [x], []
         for (_, _, residual), proj, conv, history in zip(self.config.layers, self.projections,
                                                          self.convolutions, histories):
-            x, full = conv(x, history)
+            x, full = conv(x, history, ops)
             if residual:
                 skip = outputs[-residual]
                 x = (x + (skip if proj is None else proj(skip))) * self.residual_scale
@@ -158,7 +163,7 @@ class FConvLanguageModel(nn.Module):
     def _part(self, part: StepBatch, token_ids: torch.Tensor, state: SlotState) -> torch.Tensor:
         """A part's packed tokens -> their last layer's outputs (T, D); its slots' windows stored in place."""
         histories = self._split_windows(state["windows"][part.slots])
-        h, fulls = self._run(part.pad(token_ids), histories)  # right-padded: pads only follow real positions
+        h, fulls = self._run(part.pad(token_ids), histories, self.layer_ops)  # right-padded: pads follow real ones
         kept = [part.last_inputs(full, k - 1).flatten(1) for full, (_, k, _) in zip(fulls, self.config.layers)
                 if k > 1]
         if kept:

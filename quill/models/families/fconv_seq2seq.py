@@ -36,6 +36,7 @@ from torch import nn
 from ..attention.cross import CrossAttention
 from ..batch import StepBatch, run_by_parts, split_decodes
 from ..host_copy import to_device
+from ..kernels import TORCH_OPS, LayerOps
 from ..state import EncoderCache, EncoderDecoderState, SlotState
 from .fconv import CausalGatedConv
 
@@ -194,17 +195,18 @@ class FConvDecoder(ConvStack):
             self.fc3 = nn.Linear(c.out_embed_dim, c.vocab_size)
             self.output_bias = None
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
+    def logits(self, h: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
         """(N, last width) -> (N, V) float32."""
         h = self.fc2(h)
         if self.fc3 is None:
-            return F.linear(h, self.embed_tokens.weight, self.output_bias).float()
+            return ops.linear(h, self.embed_tokens.weight, self.output_bias).float()
         return self.fc3(h).float()
 
 
 class FConvSeq2Seq(nn.Module):
     state_kind = EncoderDecoderState.kind
     is_encoder_decoder = True
+    layer_ops: LayerOps = TORCH_OPS  # the loader's choice: how a step's products run (oneDNN on the CPU)
     encoder_state_rows = 0  # an encoder entry is one row per source token
 
     def __init__(self, config: FConvSeq2SeqConfig):
@@ -252,14 +254,13 @@ class FConvSeq2Seq(nn.Module):
         return [v.view(flat.shape[0], k - 1, c) if k > 1 else None
                 for v, (_, k, _), c in zip(views, layers, in_channels(layers))]
 
-    @staticmethod
-    def _convolve(conv: CausalGatedConv, window: torch.Tensor | None, part: StepBatch,
+    def _convolve(self, conv: CausalGatedConv, window: torch.Tensor | None, part: StepBatch,
                   x: torch.Tensor) -> torch.Tensor:
         """A part's packed inputs (N, in) after its slots' windows -> (N, out); the windows slid on in place."""
         new = part.pad(x)  # right-padded: pads only follow real positions
         if window is None:
-            return part.unpad(conv(new, None)[0])
-        out, inputs = conv(new, window[part.slots].to(new.dtype))
+            return part.unpad(conv(new, None, self.layer_ops)[0])
+        out, inputs = conv(new, window[part.slots].to(new.dtype), self.layer_ops)
         window[part.slots] = part.last_inputs(inputs, conv.kernel_size - 1).to(window.dtype)
         return part.unpad(out)
 
@@ -289,4 +290,4 @@ class FConvSeq2Seq(nn.Module):
             batch.sum_alignment(cross.mean_alignment())
         if batch.logits_indices is not None:
             x = x[batch.logits_indices]
-        return d.logits(x)
+        return d.logits(x, self.layer_ops)

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..batch import StepBatch
-from ..kernels import TORCH_OPS
+from ..kernels import TORCH_OPS, LayerOps
+from ..kernels.ops_linear import MatrixView
 from ..state import SlotState
 
 
@@ -54,6 +55,7 @@ class GatedConv(nn.Module):
         super().__init__()
         self.conv = nn.Conv1d(channels, 2 * channels, kernel_size)
         self.window = kernel_size - 1
+        self.matrix = MatrixView()
 
     def forward(self, x: torch.Tensor, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, C), history (B, k-1, C) of earlier inputs -> (B, T, C), the full input (B, k-1+T, C)."""
@@ -61,8 +63,8 @@ class GatedConv(nn.Module):
         out = F.glu(self.conv(full.transpose(1, 2)), dim=1)
         return out.transpose(1, 2), full
 
-    def step(self, x: torch.Tensor, history: torch.Tensor,
-             index: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, x: torch.Tensor, history: torch.Tensor, index: tuple[torch.Tensor, torch.Tensor] | None,
+             ops: LayerOps = TORCH_OPS) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` for serving, over packed tokens: x (T, C) a step's new inputs, history (B, k-1, C) each
         sequence's window, `index` StepBatch.window_index(k-1) (None: one new token per sequence) -> (T, C), and
         each sequence's next window (B, k-1, C).
@@ -78,8 +80,7 @@ class GatedConv(nn.Module):
         else:
             rows = torch.cat([history.flatten(0, 1), x])  # (B * (k-1) + T, C)
             inputs, window = rows[index[0]].transpose(1, 2).flatten(1), rows[index[1]]  # (T, C * k): weight order
-        out = F.linear(inputs, self.conv.weight.reshape(self.conv.out_channels, -1), self.conv.bias)
-        return F.glu(out, dim=-1), window
+        return F.glu(ops.linear(inputs, self.matrix(self.conv.weight), self.conv.bias), dim=-1), window
 
 
 class ResidualBlock(nn.Module):
@@ -92,6 +93,7 @@ class ResidualBlock(nn.Module):
 
 class GCNNLanguageModel(nn.Module):
     state_kind = SlotState.kind
+    layer_ops: LayerOps = TORCH_OPS  # the loader's choice: how a step's products run (oneDNN's on the CPU)
 
     def __init__(self, config: GCNNConfig):
         super().__init__()
@@ -116,11 +118,11 @@ class GCNNLanguageModel(nn.Module):
             h = h + block.drop(y)
         return self.norm(h)
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+    def _logits(self, h: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
         if self.out_proj is not None:
             h = self.out_proj(h)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return TORCH_OPS.linear(h, weight, None).float()  # widens a narrowed head (narrow_weights.py)
+        return ops.linear(h, weight, None).float()  # widens a narrowed head (narrow_weights.py)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T) token ids -> (B, T, V) logits, from an empty (zero-padded) history."""
@@ -146,7 +148,7 @@ class GCNNLanguageModel(nn.Module):
         for block in self.blocks:
             y = block.norm(h)
             for conv in block.convs:
-                y, window = conv.step(y, histories[:, i], index)
+                y, window = conv.step(y, histories[:, i], index, self.layer_ops)
                 slid.append(window)
                 i += 1
             h = h + y
@@ -155,4 +157,4 @@ class GCNNLanguageModel(nn.Module):
         h = self.norm(h)
         if batch.logits_indices is not None:
             h = h[batch.logits_indices]
-        return self._logits(h)
+        return self._logits(h, self.layer_ops)

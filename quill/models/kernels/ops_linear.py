@@ -3,7 +3,8 @@
 The Transformer families hand their weights to their layer ops themselves; the recurrent and state-space families
 call their modules. `route_linears` swaps each of those modules for an `OpsLinear` holding the same parameters
 (same names, same tensors), whose product runs through the ops: on the CPU, oneDNN over weights packed once
-(onednn_ops.py), which outside inference mode falls back to F.linear.
+(onednn_ops.py), which outside inference mode falls back to F.linear. The convolutional families multiply by
+their kernels as matrices (`MatrixView`).
 """
 
 from __future__ import annotations
@@ -32,3 +33,16 @@ def route_linears(model: nn.Module, ops) -> int:
                 setattr(module, name, OpsLinear(child, ops))
                 swapped += 1
     return swapped
+
+
+class MatrixView:
+    """A convolution's kernel (out, in, k) as the (out, in * k) matrix its steps multiply by: one view per weight
+    tensor, so that layer ops which lay a weight out once, keyed by the tensor (oneDNN's packing), keep it."""
+
+    def __init__(self):
+        self._view: tuple[torch.Tensor, torch.Tensor] | None = None  # (the weight, its matrix)
+
+    def __call__(self, weight: torch.Tensor) -> torch.Tensor:
+        if self._view is None or self._view[0] is not weight:
+            self._view = (weight, weight.flatten(1))
+        return self._view[1]

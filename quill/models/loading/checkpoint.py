@@ -294,6 +294,7 @@ def load_checkpoint(
                  "for each product; activations and caches float32", name, count)
     if holds_kv(model):  # only models with attention layers have an attention backend to choose
         model.attention_backend = select_attention_backend(attention_backend, device).name
+    if holds_kv(model) or hasattr(model, "layer_ops"):  # the families that hand their weights to the ops
         model.layer_ops = ops
     return LoadedModel(
         name=name, path=path, architecture=architecture, model=model, tokenizer=tokenizer,

@@ -131,3 +131,39 @@ def test_on_one_thread_only_wide_outputs_go_the_packed_way():
         torch.testing.assert_close(ops.linear(x, narrow, None), F.linear(x, narrow))
         torch.testing.assert_close(ops.linear(x, wide, None), F.linear(x, wide), atol=1e-5, rtol=1e-5)
     assert not ops.is_packed(narrow) and ops.is_packed(wide)
+
+
+@pytest.mark.parametrize("key", ["gcnn", "fconv"])
+def test_convolutional_families_multiply_by_their_kernels_through_the_layer_ops(key, tmp_path, tiny_tokenizer):
+    """The gated CNN's and fconv's steps multiply by their kernels as matrices through the loader's ops: each kernel
+    packed once (one matrix view per weight, not a new one a step), the same scores as through the reference ops."""
+    from quill.models.families.registry import ARCHITECTURES
+    from quill.models.loading.checkpoint import load_checkpoint
+    from quill.models.loading.saving import save_checkpoint
+
+    if key == "gcnn":
+        arch, reference = build_tiny_model(key, tiny_tokenizer.vocab_size, device="cpu")
+    else:  # kernels of 3, 1 and 2, residuals from one layer back and none
+        config_cls, model_cls = ARCHITECTURES[key]
+        arch, reference = key, model_cls(config_cls(vocab_size=tiny_tokenizer.vocab_size, embed_dim=16,
+                                                    layers=[[24, 3, 1], [24, 1, 0], [16, 2, 1]], out_embed_dim=16))
+    save_checkpoint(tmp_path, arch, reference, tiny_tokenizer, dtype=torch.float32)
+    model = load_checkpoint(tmp_path, device="cpu", dtype="float32", layer_ops="onednn").model
+    ops = model.layer_ops
+    assert ops.name == "onednn"
+    convs = [m for m in model.modules() if hasattr(m, "matrix")]
+    kernels = [conv.matrix(conv.conv.weight if key == "gcnn" else conv.weight) for conv in convs]
+
+    def steps(layer_ops) -> list[torch.Tensor]:
+        model.layer_ops, state = layer_ops, model.new_state(2)
+        chunks = [([[5, 6, 7], [8, 9]], [0, 0]), ([[10], [11]], [3, 2])]  # prompts, then a decode step
+        return [model.step(StepBatch.build(tokens, starts, slots=[0, 1], logits="all"), state)
+                for tokens, starts in chunks]
+
+    with torch.inference_mode():
+        fast, plain = steps(ops), steps(TORCH_OPS)
+    for got, expected in zip(fast, plain):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert all(ops.is_packed(matrix) for matrix in kernels)
+    assert all(conv.matrix(conv.conv.weight if key == "gcnn" else conv.weight) is matrix
+               for conv, matrix in zip(convs, kernels))
