@@ -45,6 +45,8 @@ import torch
 
 from quill.models.attention import select_attention_backend
 from quill.models.classic.word_tokenizer import word_tokenizer
+from quill.models.kernels import select_layer_ops
+from quill.models.kernels.ops_linear import route_linears
 from quill.models.loading.checkpoint import LoadedModel
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.scheduler import SchedulerConfig
@@ -87,7 +89,10 @@ def _build(name: str, s: Settings) -> tuple[object, object, LoadedModel, list[li
         config = tl.lstm_config(s.scale)
         words, eos, first_word, tail = tl.ONMT_SPECIALS, tl.ONMT_EOS, 2, None  # source specials: <unk>, <blank>
     model = tl.random_model(config, s.seed)
-    model.attention_backend = select_attention_backend("auto", "cpu").name  # as the loader sets it
+    # as the loader sets them; the loop calls the same nn.Linear modules, so it gets the ops' products there too
+    model.attention_backend = select_attention_backend("auto", "cpu").name
+    model.layer_ops = select_layer_ops("auto", "cpu")
+    route_linears(model, model.layer_ops)
     loop = (tl.FConvLoop if name == "fconv" else tl.OpenNMTLoop)(model)
     words = words + [f"w{i}" for i in range(config.vocab_size - len(words))]
     tokenizer = word_tokenizer(words, unk_token=words[3] if name == "fconv" else words[0], eos_token=words[eos],

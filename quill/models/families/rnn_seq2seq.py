@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..batch import StepBatch
-from ..kernels import TORCH_OPS
+from ..kernels import TORCH_OPS, LayerOps
 from ..host_copy import to_device
 from ..state import EncoderCache, EncoderDecoderState, SlotState
 from .lstm import run_recurrent
@@ -135,6 +135,7 @@ class GlobalAttention(nn.Module):
 class RNNSeq2Seq(nn.Module):
     state_kind = EncoderDecoderState.kind
     is_encoder_decoder = True
+    layer_ops: LayerOps = TORCH_OPS  # the loader's choice: how the generator multiplies (oneDNN on the CPU)
 
     def __init__(self, config: RNNSeq2SeqConfig):
         super().__init__()
@@ -316,4 +317,4 @@ class RNNSeq2Seq(nn.Module):
         if batch.logits_indices is not None:
             out = out[batch.logits_indices]
         weight = self.tgt_embed.weight if self.generator is None else self.generator.weight
-        return torch.log_softmax(TORCH_OPS.linear(out, weight, self.generator_bias).float(), dim=-1)
+        return torch.log_softmax(self.layer_ops.linear(out, weight, self.generator_bias).float(), dim=-1)
