@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2, help="compute threads of every engine (default 2)")
     parser.add_argument("--sources", type=int, help=f"offline sources (default {FULL.sources})")
     parser.add_argument("--new-tokens", type=int, help=f"tokens generated per source (default {FULL.new_tokens})")
+    parser.add_argument("--concurrency", type=int, help=f"Quill's requests in flight, offline (default "
+                                                         f"{FULL.concurrency})")
     parser.add_argument("--online", action="store_true", help="also Poisson arrivals: Quill vs CTranslate2")
     parser.add_argument("--rates", help="online arrival rates, requests/s, e.g. 3,6,9 (default: fractions "
                                         f"{FULL.rate_fractions} of CTranslate2's offline greedy sentences/s)")
@@ -224,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--beams takes widths of 1 and more")
     s = SMOKE if args.smoke else FULL
     changes = {k: v for k, v in (("sources", args.sources), ("new_tokens", args.new_tokens),
+                                 ("concurrency", args.concurrency),
                                  ("online_seconds", args.online_seconds), ("batch_window", args.batch_window))
                if v is not None}
     s = replace(s, **changes)

@@ -88,6 +88,22 @@ def test_inputs_of_many_rows_keep_f_linear():
         assert ops.is_packed(weight)
 
 
+def test_wide_output_layers_go_the_packed_way_for_more_rows():
+    """A vocabulary-wide output layer (oneDNN stays ahead there up to a decode step of beams): packed up to
+    WIDE_MAX_ROWS rows, F.linear past them."""
+    from quill.models.kernels.onednn_ops import PACKED_MAX_ROWS, WIDE_MAX_ROWS, WIDE_OUTPUTS
+
+    ops = OneDnnLayerOps()
+    wide, x = torch.randn(WIDE_OUTPUTS, 16), torch.randn(WIDE_MAX_ROWS + 1, 16)
+    assert WIDE_MAX_ROWS > PACKED_MAX_ROWS
+    with torch.inference_mode():
+        torch.testing.assert_close(ops.linear(x, wide, None), F.linear(x, wide), atol=1e-5, rtol=1e-5)
+        assert not ops.is_packed(wide)
+        torch.testing.assert_close(ops.linear(x[:WIDE_MAX_ROWS], wide, None), F.linear(x[:WIDE_MAX_ROWS], wide),
+                                   atol=1e-5, rtol=1e-5)
+        assert ops.is_packed(wide)
+
+
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "silu"])
 def test_an_activation_fused_into_the_product_equals_it_applied_after(activation):
     from quill.models.kernels.torch_ops import ACTIVATIONS
@@ -122,10 +138,10 @@ def test_other_families_run_their_linear_modules_through_the_layer_ops(key, call
 
 
 def test_on_one_thread_only_wide_outputs_go_the_packed_way():
-    from quill.models.kernels.onednn_ops import ONE_THREAD_MIN_OUTPUTS
+    from quill.models.kernels.onednn_ops import WIDE_OUTPUTS
 
     ops = OneDnnLayerOps()
-    narrow, wide, x = torch.randn(64, 16), torch.randn(ONE_THREAD_MIN_OUTPUTS, 16), torch.randn(4, 16)
+    narrow, wide, x = torch.randn(64, 16), torch.randn(WIDE_OUTPUTS, 16), torch.randn(4, 16)
     torch.set_num_threads(1)  # the fixture puts its count back
     with torch.inference_mode():
         torch.testing.assert_close(ops.linear(x, narrow, None), F.linear(x, narrow))
