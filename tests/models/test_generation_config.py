@@ -92,3 +92,25 @@ def test_forced_eos_comes_from_config_json_without_a_generation_config(tmp_path,
     assert load_checkpoint(tmp_path / "llama", device="cpu").forced_eos_token_ids == [2, 3]
     (tmp_path / "llama" / "generation_config.json").write_text(json.dumps({"temperature": 0.5}))
     assert load_checkpoint(tmp_path / "llama", device="cpu").forced_eos_token_ids == []  # the file wins
+
+
+def test_beam_defaults_keep_only_valid_settings_and_are_lifted_by_none(tmp_path, offline_hub):
+    """generate()'s unasked decoding (what LibreTranslate applies): valid settings under SamplingParams names, the
+    others left out without failing the load; max_length as written."""
+    shutil.copytree(offline_hub[LLAMA].path, tmp_path / "llama")
+    path = tmp_path / "llama" / "generation_config.json"
+    path.write_text(json.dumps({"num_beams": 5, "length_penalty": 0.6, "early_stopping": "never",
+                                "no_repeat_ngram_size": 3, "max_length": 200}))
+    config = read_generation_config(tmp_path / "llama")
+    assert config.beam_defaults == {"beam_width": 5, "length_penalty": 0.6, "early_stopping": "never",
+                                    "no_repeat_ngram_size": 3}
+    assert config.max_length == 200
+    path.write_text(json.dumps({"num_beams": 0, "length_penalty": True, "early_stopping": "sometimes",
+                                "no_repeat_ngram_size": -1, "max_length": "long"}))
+    config = read_generation_config(tmp_path / "llama")
+    assert config.beam_defaults == {} and config.max_length is None
+    path.write_text(json.dumps({"num_beams": 4, "max_length": 64}))
+    loaded = load_checkpoint(tmp_path / "llama", device="cpu")
+    assert (loaded.beam_defaults, loaded.max_length) == ({"beam_width": 4}, 64)
+    lifted = load_checkpoint(tmp_path / "llama", device="cpu", generation_config="none")
+    assert (lifted.beam_defaults, lifted.max_length) == ({}, None)

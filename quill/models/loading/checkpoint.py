@@ -65,6 +65,8 @@ class LoadedModel:
     banned_token_ids: list[int] = field(default_factory=list)
     bad_words_ids: list[list[int]] = field(default_factory=list)  # its longer bad words, banned in every request
     forced_eos_token_ids: list[int] = field(default_factory=list)  # a sequence's last allowed token (forced_eos)
+    beam_defaults: dict = field(default_factory=dict)  # how generate() decodes it unasked (GenerationConfig)
+    max_length: int | None = None  # generation_config.json's, counting the prompt
     special_tokens: dict[str, str] = field(default_factory=dict)  # "bos_token" -> "<s>", ... (what templates see)
     chat_templates: dict[str, str] = field(default_factory=dict)  # name -> Jinja source; the main one is "default"
     add_bos_token: bool = False  # tokenizer.encode(text) starts with bos_token (so a rendered template must not)
@@ -304,6 +306,8 @@ def load_checkpoint(
         banned_token_ids=banned_tokens(generation) if generation_config == "auto" else [],
         bad_words_ids=bad_word_sequences(generation) if generation_config == "auto" else [],
         forced_eos_token_ids=generation.forced_eos_token_ids if generation_config == "auto" else [],
+        beam_defaults=generation.beam_defaults if generation_config == "auto" else {},
+        max_length=generation.max_length if generation_config == "auto" else None,
         special_tokens=tokenizer_config.special_tokens, chat_templates=tokenizer_config.chat_templates,
         add_bos_token=tokenizer.adds_bos(tokenizer_config.special_tokens.get("bos_token")), seq2seq=seq2seq,
         weights_dtype=torch.bfloat16 if narrow else None,

@@ -35,6 +35,11 @@ class GenerationConfig:
     defaults: dict = field(default_factory=dict)  # SamplingParams field -> value
     bad_words_ids: list[list[int]] = field(default_factory=list)  # token sequences never to generate
     forced_eos_token_ids: list[int] = field(default_factory=list)  # the last token a length limit allows
+    # How generate() decodes it when told nothing (num_beams as beam_width, length_penalty, early_stopping,
+    # no_repeat_ngram_size, under SamplingParams names), each only where valid: what an API that names no decoding
+    # applies (LibreTranslate's); and max_length, counting the prompt (an encoder-decoder's: its start token)
+    beam_defaults: dict = field(default_factory=dict)
+    max_length: int | None = None
 
 
 def _number(path: Path, key: str, value, kind: type):
@@ -69,7 +74,29 @@ def read_generation_config(directory: Path) -> GenerationConfig:
     if not isinstance(bad, list) or not all(isinstance(word, list) and word for word in bad):
         raise CheckpointError(path, f"bad_words_ids must be a list of non-empty lists of token ids, got {bad!r}")
     bad = [[_number(path, "bad_words_ids", i, int) for i in word] for word in bad]
-    return GenerationConfig(eos, defaults, bad, _token_ids(path, raw, "forced_eos_token_id"))
+    return GenerationConfig(eos, defaults, bad, _token_ids(path, raw, "forced_eos_token_id"), _beam_defaults(raw),
+                            _positive_int(raw.get("max_length")))
+
+
+def _positive_int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _beam_defaults(raw: dict) -> dict:
+    """generate()'s beam settings, leniently: one that is not valid is left out, not a failed load (these are only
+    read where a request names no decoding)."""
+    out = {}
+    if _positive_int(raw.get("num_beams")):
+        out["beam_width"] = raw["num_beams"]
+    penalty = raw.get("length_penalty")
+    if isinstance(penalty, (int, float)) and not isinstance(penalty, bool) and math.isfinite(penalty):
+        out["length_penalty"] = float(penalty)
+    stop = raw.get("early_stopping")
+    if isinstance(stop, bool) or stop == "never":
+        out["early_stopping"] = stop
+    if _positive_int(raw.get("no_repeat_ngram_size")):
+        out["no_repeat_ngram_size"] = raw["no_repeat_ngram_size"]
+    return out
 
 
 def check_token_ids(config: GenerationConfig, vocab_size: int, directory: Path) -> None:

@@ -70,6 +70,8 @@ class Seq2SeqTokenizer:
         self._language_ids = languages  # code as users name it -> token id (Marian: of ">>code<<")
         self.languages: list[str] = list(languages)
         self._eos_id, self._bos_id = eos_id, bos_id
+        # the pair tokenizer_config.json declares (Marian's source_lang, target_lang), as written: unchecked codes
+        self.declared_pair: tuple[object, object] = (None, None)
 
     def _check(self, lang: str | None, role: str, required: bool) -> int | None:
         """The token id of `lang`; a ValueError naming the known codes for one the checkpoint lacks."""
@@ -289,6 +291,12 @@ def load_seq2seq_tokenizer(directory: Path, config: dict) -> Seq2SeqTokenizer:
     directory = Path(directory)
     tok_config = read_json_object(directory / TOKENIZER_CONFIG_FILE) if (
         directory / TOKENIZER_CONFIG_FILE).is_file() else {}
+    tokenizer = _load_family(directory, config, tok_config)
+    tokenizer.declared_pair = (tok_config.get("source_lang"), tok_config.get("target_lang"))
+    return tokenizer
+
+
+def _load_family(directory: Path, config: dict, tok_config: dict) -> Seq2SeqTokenizer:
     special = read_tokenizer_config(directory).special_tokens
     # Which transformers class reads the tokenizer: tokenizer_config.json says, else config.json may
     tokenizer_class = str(tok_config.get("tokenizer_class") or config.get("tokenizer_class") or "")

@@ -12,17 +12,13 @@ Errors are LibreTranslate's: {"error": message}, 400 for bad input, 404 when no 
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from quill.models.loading.generation_config import GENERATION_CONFIG_FILE
 from quill.models.text.seq2seq_tokenizer import LANGUAGE_STYLES
-from quill.models.text.tokenizer_config import TOKENIZER_CONFIG_FILE
 from quill.server.hosting import HostedModel
 
 from ..errors import APIError, error_body
@@ -58,20 +54,12 @@ class Translator:
 _translators: dict[int, tuple[object, Translator]] = {}  # id(LoadedModel) -> (it, kept so the id stays its own)
 
 
-def translator(http: Request, hosted: HostedModel) -> Translator:
+def translator(hosted: HostedModel) -> Translator:
     loaded = hosted.loaded
     entry = _translators.get(id(loaded))
     if entry is None or entry[0] is not loaded:
-        entry = _translators[id(loaded)] = (loaded, _describe(loaded, http.app.state.config.generation_config))
+        entry = _translators[id(loaded)] = (loaded, _describe(loaded))
     return entry[1]
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}  # the loader has already read what it needs; a file it tolerated is no reason to fail here
-    return value if isinstance(value, dict) else {}
 
 
 def _declared(value) -> str | None:
@@ -80,40 +68,24 @@ def _declared(value) -> str | None:
     return value if ok else None
 
 
-def _positive_int(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+def _decoding(loaded) -> tuple[dict, int | None]:
+    """The checkpoint's beam settings (its beams, or DEFAULT_BEAMS) and its bound on a translation's length."""
+    max_new = loaded.generation_defaults.get("max_tokens")
+    if max_new is None and loaded.max_length is not None and loaded.max_length > 1:
+        max_new = loaded.max_length - 1  # an encoder-decoder's max_length counts the decoder's start token
+    return {"beam_width": DEFAULT_BEAMS, **loaded.beam_defaults}, max_new
 
 
-def _decoding(raw: dict) -> tuple[dict, int | None]:
-    """Beam settings and a length bound from generation_config.json, each only where it is valid."""
-    decoding = {"beam_width": _positive_int(raw.get("num_beams")) or DEFAULT_BEAMS}
-    penalty = raw.get("length_penalty")
-    if isinstance(penalty, (int, float)) and not isinstance(penalty, bool):
-        decoding["length_penalty"] = float(penalty)
-    stop = raw.get("early_stopping")
-    if isinstance(stop, bool) or stop == "never":
-        decoding["early_stopping"] = stop
-    if _positive_int(raw.get("no_repeat_ngram_size")):
-        decoding["no_repeat_ngram_size"] = raw["no_repeat_ngram_size"]
-    max_new = _positive_int(raw.get("max_new_tokens"))
-    max_length = _positive_int(raw.get("max_length"))
-    if max_new is None and max_length is not None and max_length > 1:
-        max_new = max_length - 1  # an encoder-decoder's max_length counts the decoder's start token
-    return decoding, max_new
-
-
-def _describe(loaded, generation_mode: str) -> Translator:
+def _describe(loaded) -> Translator:
+    """From what the loader read (generation_config.json's settings are empty with --generation-config none)."""
     seq2seq = loaded.seq2seq
-    path = Path(loaded.path) if loaded.path is not None else None
-    tok_config = _read_json(path / TOKENIZER_CONFIG_FILE) if path is not None else {}
-    raw = _read_json(path / GENERATION_CONFIG_FILE) if path is not None and generation_mode == "auto" else {}
-    decoding, max_new = _decoding(raw)
+    decoding, max_new = _decoding(loaded)
     codes = tuple(seq2seq.languages)
     if seq2seq.style in LANGUAGE_STYLES:
         return Translator(codes, codes, True, True, True, True, decoding, max_new)
     # Marian (its multilingual targets by token), BART, T5: the source is not marked; a pair may be declared
     pair = getattr(seq2seq, "pair", None)  # FSMT names its one pair in its tokenizer (`langs`)
-    declared = pair or (tok_config.get("source_lang"), tok_config.get("target_lang"))
+    declared = pair or getattr(seq2seq, "declared_pair", (None, None))
     source, target = _declared(declared[0]), _declared(declared[1])
     targets = codes if codes else (target,) if target else None
     picked = seq2seq.style == "marian" or bool(source and target)  # a translation family, or one declaring its pair
@@ -171,11 +143,11 @@ def _choose(http: Request, request: TranslateRequest) -> tuple[HostedModel, Tran
         hosted = resolve_model(http, request.model)
         if not hosted.loaded.is_encoder_decoder:
             raise bad_request(f"the model {hosted.name!r} is not a translation (encoder-decoder) model")
-        tr = translator(http, hosted)
+        tr = translator(hosted)
         return hosted, tr, *_languages(tr, request, hosted.name)
     host = loaded_host(http)
     translators = {name: tr for name, m in host.models.items() if m.loaded.is_encoder_decoder
-                   for tr in [translator(http, m)] if tr.picked}
+                   for tr in [translator(m)] if tr.picked}
     if not translators:
         raise APIError(404, "no hosted model translates: this server hosts no translation (encoder-decoder) model "
                        "that takes language codes; name one with `model`", reason="unknown_model")
@@ -269,7 +241,7 @@ async def languages(http: Request):
     for m in host.models.values():
         if not m.loaded.is_encoder_decoder:
             continue
-        tr = translator(http, m)
+        tr = translator(m)
         for code in tr.sources or ():
             listed = targets.setdefault(code, [])
             listed += [t for t in tr.targets or () if t != code and t not in listed]
