@@ -116,6 +116,8 @@ def test_a_toy_restoration_recipe_is_saved_served_and_scored(tmp_path, toy_data,
     assert source == toy_data.sentencepiece.encode(pairs[0].source) + [2]  # </s> appended, as trained
     answers = restore(loaded, [p.source for p in pairs])
     assert len(answers) == 3 and all(isinstance(a, str) for a in answers)
+    covered = restore(loaded, [p.source for p in pairs], 2, coverage_penalty=0.3, coverage_penalty_type="summary")
+    assert len(covered) == 3 and all(isinstance(a, str) for a in covered)
 
 
 def test_the_byte_tokenizer_is_one_token_a_byte_after_the_end_of_text():

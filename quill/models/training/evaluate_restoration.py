@@ -18,12 +18,13 @@ from quill.server.sampling import SamplingParams
 MAX_TOKENS = 96  # a held-out line is at most 40 words: ~60 pieces
 
 
-def restore(loaded: LoadedModel, sources: list[str], beam_width: int | None = None) -> list[str]:
+def restore(loaded: LoadedModel, sources: list[str], beam_width: int | None = None, **beam_options) -> list[str]:
     """Every source submitted at once to an engine as the server runs it (its step thread, continuous batching
-    under the server's default limits), greedy or with a beam search of `beam_width`; each answer the text the
-    server would send."""
+    under the server's default limits), greedy or with a beam search of `beam_width` (and `beam_options`, more
+    SamplingParams: length or coverage penalties); each answer the text the server would send."""
     if beam_width:
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, use_beam_search=True, beam_width=beam_width)
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, use_beam_search=True, beam_width=beam_width,
+                                **beam_options)
     else:
         params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
     engine = AsyncEngine(loaded, EngineConfig(scheduler=SchedulerConfig(max_queue=max(len(sources), 1))))

@@ -13,7 +13,8 @@ length_penalty > 0).
 A coverage penalty (OpenNMT's, for encoder-decoders) takes beta * penalty(coverage) off a finished hypothesis'
 score, its coverage being each source token's attention summed over the hypothesis' steps (sampling/coverage.py);
 running beams are ranked without it, as OpenNMT ranks them, and as the penalty is never negative a running beam's
-score stays an upper bound for `early_stopping`.
+score stays an upper bound for `early_stopping`; where the penalty never falls as coverage grows ("summary"), the
+bound takes off the penalty each running beam has already earned, so that the search settles as soon as without one.
 
 Pure bookkeeping on the host: the runner finds every beam request's best continuations in one
 batched top-k (`server.sampling.beam`), `advance` turns them into the next beams and finished
@@ -52,6 +53,7 @@ class BeamSearch:
     length_penalty_type: str = "power"  # or "wu" (Wu et al. 2016)
     min_tokens: int = 0
     forced_eos_token_ids: list[int] = field(default_factory=list)  # transformers' forced_eos_token_id
+    penalty_never_falls: bool = False  # the coverage penalty only grows with the steps ("summary"'s; "wu"'s falls)
     scores: list[float] = field(default_factory=lambda: [0.0])  # summed log-prob of each live beam
     finished: list[Hypothesis] = field(default_factory=list)  # best first, at most `width`
     can_improve: bool = True
@@ -90,7 +92,8 @@ class BeamSearch:
                         for i in range(min(self.width, len(tokens))) if ends[i]])
 
         self.scores = [score for _, _, score in running]
-        self._update_can_improve(generated)
+        earned = [penalties[parent] if self.penalty_never_falls else 0.0 for parent, _, _ in running]
+        self._update_can_improve(generated, earned)
         full = len(self.finished) >= self.width
         done = not self.can_improve or (full and self.early_stopping is True) or all(ends)
         if not done and self.forced_eos_token_ids and generated + 1 == self.max_tokens:
@@ -117,12 +120,14 @@ class BeamSearch:
         base = (5 + length) / 6 if self.length_penalty_type == "wu" else length
         return base**self.length_penalty
 
-    def _update_can_improve(self, generated: int) -> None:
+    def _update_can_improve(self, generated: int, earned: list[float]) -> None:
+        """`earned`: each running beam's least final coverage penalty."""
         if self.early_stopping == "never" and self.length_penalty > 0.0:
             best_length = self.max_tokens
         else:
             best_length = generated
-        best_running = self.scores[0] / self._normalizer(best_length)
+        normalizer = self._normalizer(best_length)
+        best_running = max(score / normalizer - floor for score, floor in zip(self.scores, earned))
         if len(self.finished) < self.width:
             return  # an empty hypothesis slot can always be filled
         worst = self.finished[-1].score

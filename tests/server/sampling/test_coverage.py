@@ -41,3 +41,15 @@ def test_beam_search_takes_each_parents_penalty_off_the_hypotheses_it_ends():
         lost = penalties or [0.0, 0.0]
         assert sorted(h.score for h in search.finished) == pytest.approx(sorted([-1.0 / 2 - lost[1],
                                                                                  -1.5 / 2 - lost[0]]))
+
+
+def test_a_penalty_that_never_falls_settles_the_search_as_soon_as_no_beam_can_win():
+    """One hypothesis kept (score -0.5 - 1.0); the running beam would score -0.55 unpenalised, but has already
+    earned a penalty of 1.0 that "summary" can only raise: settled. Under "wu" (the penalty may fall) it goes on."""
+    eos = 9
+    for never_falls, settled in ((True, True), (False, False)):
+        search = BeamSearch(width=1, max_tokens=6, eos_token_ids=[eos], penalty_never_falls=never_falls)
+        step = search.advance([-0.5, -0.55], [eos, 4], 10, [[]], [1.0])
+        assert [h.token_ids for h in search.finished] == [[eos]]
+        assert search.finished[0].score == pytest.approx(-1.5)
+        assert step.done is settled
