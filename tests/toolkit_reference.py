@@ -37,17 +37,19 @@ def reference_greedy(next_logprobs: NextLogprobs, start: int, max_tokens: int, e
 
 
 def reference_beam(next_logprobs: NextLogprobs, start: int, max_tokens: int, eos: int, width: int, n: int,
-                   length_penalty: float = 1.0,
-                   penalty: Callable[[list[int]], float] | None = None) -> list[tuple[list[int], float]]:
+                   length_penalty: float = 1.0, penalty: Callable[[list[int]], float] | None = None,
+                   stepwise: bool = False) -> list[tuple[list[int], float]]:
     """The n best (tokens, length-penalised score). `penalty`: prefix (start token first) -> the coverage penalty of
-    the beam that has computed it, taken off the score of a hypothesis ending at the next token."""
-    search = BeamSearch(width, max_tokens, [eos], length_penalty)
+    the beam that has computed it, taken off the score of a hypothesis ending at the next token, and with
+    `stepwise` off every beam's score before each step's candidates are ranked (OpenNMT's -stepwise_penalty)."""
+    search = BeamSearch(width, max_tokens, [eos], length_penalty, stepwise=stepwise)
     beams: list[list[int]] = [[]]
     while True:
         logprobs = torch.stack([next_logprobs([start] + beam).float() for beam in beams])
-        total = logprobs + torch.tensor(search.scores)[:, None]
-        top = total.flatten().topk(min(search.num_candidates, total.numel()))
         penalties = None if penalty is None else [penalty([start] + beam) for beam in beams]
+        base = torch.tensor(search.scores) - (torch.tensor(penalties) if stepwise else 0.0)
+        total = logprobs + base[:, None]
+        top = total.flatten().topk(min(search.num_candidates, total.numel()))
         step = search.advance(top.values.tolist(), top.indices.tolist(), logprobs.shape[1], beams, penalties)
         if step.done:
             return [(h.token_ids, h.score) for h in search.finished[:n]]

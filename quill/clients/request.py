@@ -16,6 +16,7 @@ FIELDS = {
     # encoder-decoder (translation) models
     "source_lang": "source_lang", "target_lang": "target_lang", "target_prefix": "target_prefix",
     "coverage_penalty": "coverage_penalty", "coverage_penalty_type": "coverage_penalty_type",
+    "coverage_penalty_stepwise": "coverage_penalty_stepwise",
 }
 RETRY_STATUSES = {429, 503}
 

@@ -15,6 +15,9 @@ score, its coverage being each source token's attention summed over the hypothes
 running beams are ranked without it, as OpenNMT ranks them, and as the penalty is never negative a running beam's
 score stays an upper bound for `early_stopping`; where the penalty never falls as coverage grows ("summary"), the
 bound takes off the penalty each running beam has already earned, so that the search settles as soon as without one.
+With `stepwise` (OpenNMT's -stepwise_penalty) the penalty is inside every step's ranking instead: the runner takes
+each beam's current penalty off its score before the step's candidates are picked, and a finished hypothesis scores
+(sum_logprob - penalty) / normalizer; beams keep their plain summed log-probabilities between steps.
 
 Pure bookkeeping on the host: the runner finds every beam request's best continuations in one
 batched top-k (`server.sampling.beam`), `advance` turns them into the next beams and finished
@@ -54,6 +57,7 @@ class BeamSearch:
     min_tokens: int = 0
     forced_eos_token_ids: list[int] = field(default_factory=list)  # transformers' forced_eos_token_id
     penalty_never_falls: bool = False  # the coverage penalty only grows with the steps ("summary"'s; "wu"'s falls)
+    stepwise: bool = False  # the coverage penalty ranks every step's candidates (OpenNMT's -stepwise_penalty)
     scores: list[float] = field(default_factory=lambda: [0.0])  # summed log-prob of each live beam
     finished: list[Hypothesis] = field(default_factory=list)  # best first, at most `width`
     can_improve: bool = True
@@ -69,26 +73,28 @@ class BeamSearch:
 
     def advance(self, top_scores: list[float], flat_indices: list[int], vocab_size: int,
                 outputs: list[list[int]], penalties: list[float] | None = None) -> BeamStep:
-        """The step's best continuations, descending (summed log-prob; index = parent beam * V + token),
-        and each live beam's tokens so far -> the next beams. `penalties`: each live beam's coverage penalty,
-        this step's attention included (None: none)."""
+        """The step's best continuations, descending (summed log-prob, less the parent's penalty when `stepwise`;
+        index = parent beam * V + token), and each live beam's tokens so far -> the next beams. `penalties`: each
+        live beam's coverage penalty, this step's attention included (None: none)."""
         penalties = penalties or [0.0] * len(outputs)
         generated = len(outputs[0]) + 1  # tokens each candidate would have
         parents = [i // vocab_size for i in flat_indices]
         tokens = [i % vocab_size for i in flat_indices]
         at_limit = generated >= self.max_tokens
         ends = [at_limit or t in self.eos_token_ids for t in tokens]
+        # plain summed log-probabilities, what beams carry
+        sums = [s + penalties[p] for s, p in zip(top_scores, parents)] if self.stepwise else top_scores
 
-        # The W best continuations that go on.
+        # The W best continuations that go on, ranked as the runner ranked them.
         ranked = sorted(range(len(tokens)), key=lambda i: -(top_scores[i] + (NEG if ends[i] else 0.0)))
-        running = [(parents[i], tokens[i], top_scores[i] + (NEG if ends[i] else 0.0)) for i in ranked[: self.width]]
+        running = [(parents[i], tokens[i], sums[i] + (NEG if ends[i] else 0.0)) for i in ranked[: self.width]]
 
         # Those of the top W that end become hypotheses, unless the search has already settled.
         full = len(self.finished) >= self.width
         settled = (full and self.early_stopping is True) or not self.can_improve
         if not settled:
             self._keep([Hypothesis(outputs[parents[i]] + [tokens[i]],
-                                   top_scores[i] / self._normalizer(generated) - penalties[parents[i]], top_scores[i])
+                                   self._final(sums[i], penalties[parents[i]], generated), sums[i])
                         for i in range(min(self.width, len(tokens))) if ends[i]])
 
         self.scores = [score for _, _, score in running]
@@ -106,7 +112,7 @@ class BeamSearch:
         """The last step of a search that has not settled, where EOS is the only continuation of each beam (its
         log-probability 0): every beam becomes a hypothesis (its coverage without the forced step, never run)."""
         eos = self.forced_eos_token_ids[0]
-        self._keep([Hypothesis(outputs[parent] + [token, eos], score / self._normalizer(length) - penalties[parent],
+        self._keep([Hypothesis(outputs[parent] + [token, eos], self._final(score, penalties[parent], length),
                                score, cut=True)
                     for parent, token, score in running if score > NEG / 2])  # beams that really are ones
 
@@ -115,6 +121,13 @@ class BeamSearch:
         self.finished += hypotheses
         self.finished.sort(key=lambda h: -h.score)
         del self.finished[self.width :]
+
+    def _final(self, sum_logprob: float, penalty: float, length: int) -> float:
+        """A hypothesis' score: length-normalised, its coverage penalty taken off after (OpenNMT's default) or
+        before (stepwise)."""
+        if self.stepwise:
+            return (sum_logprob - penalty) / self._normalizer(length)
+        return sum_logprob / self._normalizer(length) - penalty
 
     def _normalizer(self, length: int) -> float:
         base = (5 + length) / 6 if self.length_penalty_type == "wu" else length
@@ -126,8 +139,7 @@ class BeamSearch:
             best_length = self.max_tokens
         else:
             best_length = generated
-        normalizer = self._normalizer(best_length)
-        best_running = max(score / normalizer - floor for score, floor in zip(self.scores, earned))
+        best_running = max(self._final(score, floor, best_length) for score, floor in zip(self.scores, earned))
         if len(self.finished) < self.width:
             return  # an empty hypothesis slot can always be filled
         worst = self.finished[-1].score

@@ -192,6 +192,7 @@ class EngineCore:
                 min_tokens=params.min_tokens, length_penalty_type=params.length_penalty_type,
                 forced_eos_token_ids=[] if params.ignore_eos else list(self.loaded.forced_eos_token_ids),
                 penalty_never_falls=params.follows_coverage and params.coverage_penalty_type == "summary",
+                stepwise=params.coverage_penalty_stepwise,
             )
         first = self._new_sequence(group, list(prompt_token_ids), 0)
         if params.structured is not None:  # cached when the API process checked it; GrammarError if refused

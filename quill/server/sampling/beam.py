@@ -39,7 +39,8 @@ def unbanned_log_share(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tens
 @torch.inference_mode()
 def beam_candidates(logits: torch.Tensor, requests: list[BeamRequest],
                     allowed: tuple[torch.Tensor, torch.Tensor] | None = None,
-                    kept_share: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    kept_share: torch.Tensor | None = None,
+                    score_shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(R, V) logits -> (G, K) candidate scores, descending, and their flat indices beam * V + token.
 
     K is the largest num_candidates; request g uses its first num_candidates columns. `allowed`: beams under a
@@ -65,6 +66,8 @@ def beam_candidates(logits: torch.Tensor, requests: list[BeamRequest],
     k = min(max(r.num_candidates for r in requests), vocab)
     values, tokens = torch.topk(picked, k=k, dim=-1)  # (R, k)
     scores = to_device([s for r in requests for s in r.scores], device, torch.float32)
+    if score_shift is not None:  # (R,): added to each beam's score before ranking (a stepwise coverage penalty)
+        scores = scores + score_shift.to(device)
     values = values + scores[:, None]
     width = max(len(r.rows) for r in requests)
     # Row R is all -inf: the padding beams of requests with fewer than `width`.

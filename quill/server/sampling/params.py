@@ -91,6 +91,7 @@ class SamplingParams:
     # 2016) -sum log min(coverage, 1), "summary" sum max(coverage, 1) - 1
     coverage_penalty: float = 0.0
     coverage_penalty_type: Literal["wu", "summary"] = "wu"
+    coverage_penalty_stepwise: bool = False  # in every step's ranking of running beams (OpenNMT's -stepwise_penalty)
     # the first output tokens, forced (transformers' forced_bos_token_id: an encoder-decoder's target language)
     forced_token_ids: list[int] = field(default_factory=list)
     no_repeat_ngram_size: int = 0  # > 0: never repeat an n-gram of this size (transformers' rule); 0: off
@@ -175,6 +176,11 @@ class SamplingParams:
         if self.coverage_penalty_type not in COVERAGE_PENALTY_TYPES:
             raise SamplingParamError("coverage_penalty_type", f"must be one of {', '.join(COVERAGE_PENALTY_TYPES)}, "
                                                               f"got {self.coverage_penalty_type!r}")
+        if not isinstance(self.coverage_penalty_stepwise, bool):
+            raise SamplingParamError("coverage_penalty_stepwise", f"must be a boolean, got "
+                                                                  f"{self.coverage_penalty_stepwise!r}")
+        if self.coverage_penalty_stepwise and not self.coverage_penalty:
+            raise SamplingParamError("coverage_penalty_stepwise", "needs a coverage_penalty above 0")
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             raise SamplingParamError("early_stopping", f'must be true, false or "never", got {self.early_stopping!r}')
         if self.use_beam_search:

@@ -1,9 +1,10 @@
 """Beam search with a coverage penalty (OpenNMT-py's `-coverage_penalty wu|summary -beta`) through a busy engine, for
-a recurrent encoder-decoder (OpenNMT's, converted) and a Transformer one (Marian, as the hub ships it): the n best
-answers and their scores equal a reference beam search whose every beam's coverage is recomputed from scratch by
-the reference models (the equations' attention; transformers' cross-attention weights), beside requests without the
-penalty; under cache pressure (beams preempted and recomputed) the answers stay the same; a model without attention
-refuses the penalty."""
+a recurrent encoder-decoder (OpenNMT's, converted) and a Transformer one (Marian, as the hub ships it), applied to
+finished hypotheses (OpenNMT's default) or at every step (-stepwise_penalty): the n best answers and their scores
+equal a reference beam search whose every beam's coverage is recomputed from scratch by the reference models (the
+equations' attention; transformers' cross-attention weights), beside requests without the penalty; under cache
+pressure (beams preempted and recomputed) the answers stay the same; a model without attention refuses the
+penalty."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def marian(tmp_path_factory):
     return loaded, functions, sources
 
 
-def _answers(case, kind: str, beta: float, core: EngineCore | None = None):
+def _answers(case, kind: str, beta: float, core: EngineCore | None = None, stepwise: bool = False):
     """Each source with the penalty, and without it (plain beams) and greedy beside, in one engine -> (got,
     expected) of the penalised requests, and the plain beams' answers."""
     loaded, functions, sources = case
@@ -88,7 +89,8 @@ def _answers(case, kind: str, beta: float, core: EngineCore | None = None):
     beam = dict(max_tokens=max_tokens, temperature=0, use_beam_search=True, beam_width=width, n=n)
     requests = {}
     for i, source in enumerate(sources):
-        requests[f"coverage{i}"] = (source, SamplingParams(**beam, coverage_penalty=beta, coverage_penalty_type=kind))
+        requests[f"coverage{i}"] = (source, SamplingParams(**beam, coverage_penalty=beta, coverage_penalty_type=kind,
+                                                           coverage_penalty_stepwise=stepwise))
         requests[f"plain{i}"] = (source, SamplingParams(**beam))
         requests[f"greedy{i}"] = (source, SamplingParams(max_tokens=max_tokens, temperature=0))
     got = run_to_end(core or EngineCore(loaded), requests)
@@ -97,7 +99,8 @@ def _answers(case, kind: str, beta: float, core: EngineCore | None = None):
     for source in sources:
         next_logprobs, attention_of = functions(source)
         penalty = penalty_from(kind, beta, attention_of)
-        expected.append(reference_beam(next_logprobs, start, max_tokens, eos, width, n, penalty=penalty))
+        expected.append(reference_beam(next_logprobs, start, max_tokens, eos, width, n, penalty=penalty,
+                                       stepwise=stepwise))
     return [got[f"coverage{i}"] for i in range(len(sources))], expected, [got[f"plain{i}"] for i in range(len(sources))]
 
 
@@ -108,15 +111,25 @@ def _assert_equal(got, expected) -> None:
 
 
 @pytest.mark.parametrize("family", ["opennmt", "marian"])
-@pytest.mark.parametrize("kind,beta", [("wu", 0.8), ("summary", 1.5)])
-def test_answers_and_scores_equal_the_reference(request, family, kind, beta):
-    got, expected, plain = _answers(request.getfixturevalue(family), kind, beta)
+@pytest.mark.parametrize("kind,beta,stepwise", [("wu", 0.8, False), ("summary", 1.5, False), ("wu", 0.8, True),
+                                                ("summary", 1.5, True)])
+def test_answers_and_scores_equal_the_reference(request, family, kind, beta, stepwise):
+    got, expected, plain = _answers(request.getfixturevalue(family), kind, beta, stepwise=stepwise)
     _assert_equal(got, expected)
     # the penalty is felt: scores fall (a 1-token source is over-covered by any longer answer), and wu, which
     # favours answers that cover the source, picks longer ones than the plain beams somewhere
     assert got != plain
     if kind == "wu":
         assert any([t for t, _ in g] != [t for t, _ in p] for g, p in zip(got, plain))
+
+
+@pytest.mark.parametrize("family", ["opennmt", "marian"])
+def test_a_stepwise_penalty_steers_the_search_itself(request, family):
+    """Ranked into every step, "wu" keeps other beams alive than when it only scores the finished ones: somewhere the
+    n best differ."""
+    case = request.getfixturevalue(family)
+    finished_only, stepwise = _answers(case, "wu", 0.8)[0], _answers(case, "wu", 0.8, stepwise=True)[0]
+    assert any([t for t, _ in a] != [t for t, _ in b] for a, b in zip(finished_only, stepwise))
 
 
 def test_preempted_beams_sum_their_coverage_again_from_the_start(marian):
@@ -145,6 +158,9 @@ def test_a_model_without_attention_refuses_the_penalty(tmp_path):
     (dict(coverage_penalty_type="summary"), "coverage_penalty_type needs use_beam_search"),
     (dict(use_beam_search=True, beam_width=2, coverage_penalty=-0.1), "coverage_penalty must be >= 0"),
     (dict(use_beam_search=True, beam_width=2, coverage_penalty_type="gnmt"), "must be one of wu, summary"),
+    (dict(use_beam_search=True, beam_width=2, coverage_penalty_stepwise=True), "needs a coverage_penalty above 0"),
+    (dict(use_beam_search=True, beam_width=2, coverage_penalty=0.5, coverage_penalty_stepwise="yes"),
+     "must be a boolean"),
 ])
 def test_bad_settings_are_refused(settings, message):
     with pytest.raises(ValueError, match=message):

@@ -53,3 +53,16 @@ def test_a_penalty_that_never_falls_settles_the_search_as_soon_as_no_beam_can_wi
         assert [h.token_ids for h in search.finished] == [[eos]]
         assert search.finished[0].score == pytest.approx(-1.5)
         assert step.done is settled
+
+
+def test_stepwise_penalties_rank_the_candidates_and_come_off_before_normalising():
+    """The runner ranked the candidates with each parent's penalty taken off (parent 1's 2.0 puts its continuations
+    last); the beams carry plain sums again, and a hypothesis scores (sum - penalty) / length."""
+    eos = 9
+    search = BeamSearch(width=2, max_tokens=6, eos_token_ids=[eos], stepwise=True)
+    search.scores = [-0.5, -0.4]
+    # plain sums: beam 0 ends -1.5, beam 0 goes on -2.0; beam 1's -1.0 and -1.2 shown less its penalty of 2.0
+    step = search.advance([-1.5, -2.0, -3.0, -3.2], [eos, 6, 10 + eos, 10 + 7], 10, [[4], [5]], [0.0, 2.0])
+    assert [h.token_ids for h in search.finished][0] == [4, eos]
+    assert search.finished[0].score == pytest.approx(-1.5 / 2) and search.finished[0].sum_logprob == -1.5
+    assert step.running[0] == (0, 6, -2.0) and step.running[1] == (1, 7, pytest.approx(-1.2))

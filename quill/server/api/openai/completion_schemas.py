@@ -43,6 +43,7 @@ class VLLMExtensions(GuidedFields):
     early_stopping: bool | Literal["never"] = False
     coverage_penalty: float = 0.0  # OpenNMT's -beta, for an encoder-decoder's beams (sampling/coverage.py)
     coverage_penalty_type: Literal["wu", "summary"] = "wu"
+    coverage_penalty_stepwise: bool = False
     no_repeat_ngram_size: int = 0  # transformers' rule: never repeat an n-gram of this size (0: off)
     bad_words: list[str] | None = None  # never generated (bad_words.py)
     skip_special_tokens: bool = Field(default=True, description="drop special tokens from the text")
@@ -84,6 +85,7 @@ class OpenAISampling(VLLMExtensions):
             length_penalty=self.length_penalty, length_penalty_type=self.length_penalty_type,
             early_stopping=self.early_stopping,
             coverage_penalty=self.coverage_penalty, coverage_penalty_type=self.coverage_penalty_type,
+            coverage_penalty_stepwise=self.coverage_penalty_stepwise,
             skip_special_tokens=self.skip_special_tokens, structured=self.structured_output()[0],
             no_repeat_ngram_size=self.no_repeat_ngram_size, forced_token_ids=forced_token_ids or [],
             bad_words_token_ids=bad_words_token_ids(hosted.loaded.tokenizer, self.bad_words) if self.bad_words else [],

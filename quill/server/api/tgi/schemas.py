@@ -47,6 +47,7 @@ class GenerateParameters(RequestSchema):
     early_stopping: bool | Literal["never"] = False
     coverage_penalty: float = 0.0  # an encoder-decoder's beams: OpenNMT's -beta (sampling/coverage.py)
     coverage_penalty_type: Literal["wu", "summary"] = "wu"
+    coverage_penalty_stepwise: bool = False
     no_repeat_ngram_size: int = 0  # Quill's extension: transformers' rule (0: off)
 
     @property
@@ -76,6 +77,7 @@ class GenerateParameters(RequestSchema):
             use_beam_search=beam, beam_width=self.num_beams if beam else 1,
             length_penalty=self.length_penalty, early_stopping=self.early_stopping,
             coverage_penalty=self.coverage_penalty, coverage_penalty_type=self.coverage_penalty_type,
+            coverage_penalty_stepwise=self.coverage_penalty_stepwise,
             structured=from_tgi_grammar(self.grammar), no_repeat_ngram_size=self.no_repeat_ngram_size,
         )
 

@@ -182,9 +182,10 @@ def _rank_beams(logits: torch.Tensor, logit_rows: LogitRows, transfer: Transfer,
     if not requests:
         return lambda host: []
     allowed = None if masks is None else masks.allowed([seq for group in groups for seq in group.seqs])
-    values, indices = beam_candidates(logits, requests, allowed, kept_share)
+    penalties = [_coverage_penalties(group) for group in groups]
+    values, indices = beam_candidates(logits, requests, allowed, kept_share, _stepwise_shift(groups, penalties))
     v, i, width = transfer.add(values), transfer.add(indices), values.shape[1]
-    penalties = [_coverage_penalties(group, transfer) for group in groups]
+    penalties = [None if p is None else transfer.add(p) for p in penalties]
 
     def result(host: list[list[float]]):
         out = []
@@ -206,13 +207,24 @@ def add_coverage(work: list[tuple[Sequence, int]], alignment: torch.Tensor) -> N
             seq.coverage = step if seq.num_computed == 0 or seq.coverage is None else seq.coverage + step
 
 
-def _coverage_penalties(group: SequenceGroup, transfer: Transfer) -> int | None:
-    """Queue each beam's coverage penalty, this step's attention included; None where the request has none."""
+def _coverage_penalties(group: SequenceGroup) -> torch.Tensor | None:
+    """(W,) each beam's coverage penalty, this step's attention included; None where the request has none."""
     params = group.params
     if not params.follows_coverage:
         return None
     coverage = torch.stack([seq.coverage for seq in group.seqs])
-    return transfer.add(coverage_penalty(coverage, params.coverage_penalty, params.coverage_penalty_type))
+    return coverage_penalty(coverage, params.coverage_penalty, params.coverage_penalty_type)
+
+
+def _stepwise_shift(groups: list[SequenceGroup], penalties: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """(beams of all groups,) what each beam's score loses before the step's candidates are ranked: its penalty
+    where its request ranks with it (stepwise), else 0; None where no request does."""
+    stepwise = [group.params.coverage_penalty_stepwise for group in groups]
+    if not any(stepwise):
+        return None
+    device = next(p.device for p, ranks in zip(penalties, stepwise) if ranks)
+    return torch.cat([-p if ranks else torch.zeros(len(group.seqs), device=device)
+                      for group, p, ranks in zip(groups, penalties, stepwise)])
 
 
 def _score_prompts(logits: torch.Tensor, logit_rows: LogitRows, transfer: Transfer):
