@@ -27,19 +27,10 @@ class BeamRequest:
     banned: tuple[int, ...] = ()  # token ids that may not come next (EOS before min_tokens)
 
 
-def unbanned_log_share(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
-    """(R, V) logits, `banned` token ids -> (R,) the log of each row's probability outside them: added to the
-    log-softmax of the row with them at -inf, it gives the log-softmax of the whole row (banned tokens stay -inf),
-    where transformers' and fairseq's beams ban tokens, after normalising."""
-    logits = logits.float()
-    share = logits.index_select(-1, banned).logsumexp(-1) - logits.logsumexp(-1)  # log P(banned)
-    return torch.log1p(-share.exp())
-
-
 @torch.inference_mode()
 def beam_candidates(logits: torch.Tensor, requests: list[BeamRequest],
                     allowed: tuple[torch.Tensor, torch.Tensor] | None = None,
-                    kept_share: torch.Tensor | None = None,
+                    banned: torch.Tensor | None = None,
                     score_shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(R, V) logits -> (G, K) candidate scores, descending, and their flat indices beam * V + token.
 
@@ -55,13 +46,13 @@ def beam_candidates(logits: torch.Tensor, requests: list[BeamRequest],
     rows = [row for r in requests for row in r.rows]
     picked = logits if rows == list(range(logits.shape[0])) else logits.index_select(0, to_device(rows, device))
     picked = torch.log_softmax(picked.float(), dim=-1)  # as transformers ranks beams
-    if kept_share is not None:  # (R,): banned tokens are -inf in `logits`; their share of the normaliser comes back
-        picked = picked + kept_share.index_select(0, to_device(rows, device))[:, None]
+    if banned is not None:  # the checkpoint's bad words, in every row (`picked` is log_softmax's own tensor)
+        picked.index_fill_(-1, banned, float("-inf"))
     if allowed is not None:
         picked = apply_allowed_tokens(picked, *allowed)
-    banned = [(i, t) for i, r in enumerate(r for r in requests for _ in r.rows) for t in r.banned]
-    if banned:
-        index = to_device(banned, device).T
+    pairs = [(i, t) for i, r in enumerate(r for r in requests for _ in r.rows) for t in r.banned]
+    if pairs:
+        index = to_device(pairs, device).T
         picked = picked.index_put_((index[0], index[1]), picked.new_full((), float("-inf")))
     k = min(max(r.num_candidates for r in requests), vocab)
     values, tokens = torch.topk(picked, k=k, dim=-1)  # (R, k)

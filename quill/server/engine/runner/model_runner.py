@@ -6,7 +6,6 @@ import torch
 
 from quill.models.loading.checkpoint import LoadedModel
 from quill.models.host_copy import to_device
-from quill.server.sampling.beam import unbanned_log_share
 from quill.server.sampling.table import RowFlags, SamplingTable
 
 from ..cache.cache_table import CacheTable
@@ -31,8 +30,8 @@ class ModelRunner:
         self.vocab_size = self.model.config.vocab_size
         # The model scores a row whose argmax alone is read for less than its full distribution (fconv's adaptive
         # softmax): eager steps tell it which rows those are (StepBatch.argmax_only); graphs score every row fully.
-        # Tokens the checkpoint never lets it say (generation_config.json's bad words): -inf in every logits row, before
-        # sampling and beam ranking. Such a model scores every row fully (a banned argmax would leave nothing).
+        # Tokens the checkpoint never lets it say (generation_config.json's bad words): banned in every row (read_out.py).
+        # Such a model scores every row fully (a banned argmax would leave nothing).
         banned = loaded.banned_token_ids
         self.banned = to_device(banned, device, torch.long) if banned else None
         self.cheap_argmax = bool(getattr(self.model, "cheap_argmax", False)) and self.banned is None
@@ -139,13 +138,7 @@ class ModelRunner:
                 add_coverage(batch.work, step.alignment)
         else:
             logits = self.graphs.replay(packed, size, fill=not in_place)
-        kept_share = None
-        if self.banned is not None:
-            if logit_rows.beam_rows:  # beams rank the distribution with the banned tokens in it, as transformers
-                kept_share = unbanned_log_share(logits, self.banned)
-            # in place: a fresh tensor, or the graph's output, which each replay writes anew
-            logits.index_fill_(-1, self.banned, float("-inf"))
-        return read_out(batch, logits, logit_rows, masks, plan, kept_share)
+        return read_out(batch, logits, logit_rows, masks, plan, self.banned)
 
     def _token_source(self, batch: ScheduledBatch, previous: PendingStep) -> torch.Tensor:
         """(rows,) the input token of each of `batch`'s sequences, picked from the previous step's sampled ids."""

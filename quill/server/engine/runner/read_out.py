@@ -105,22 +105,26 @@ class PendingStep:
 
 
 def read_out(batch: ScheduledBatch, logits: torch.Tensor, logit_rows: LogitRows, masks: PendingMasks | None,
-             plan: SamplingPlan | None, kept_share: torch.Tensor | None = None) -> PendingStep:
+             plan: SamplingPlan | None, banned: torch.Tensor | None = None) -> PendingStep:
     """Queue the step's samples, beam candidates and prompt scores for the host, and start their one copy back.
-    `kept_share`: where the checkpoint's banned tokens are -inf in `logits`, each row's log-probability mass outside
-    them (beam_candidates)."""
+    `banned`: token ids the checkpoint never lets it say (generation_config.json's one-token bad words)."""
     transfer = Transfer()
-    sampled = _sample(logits, plan, transfer)
-    beams = _rank_beams(logits, logit_rows, transfer, masks, kept_share)
+    # Beams first: they rank the log-softmax of the whole distribution and ban after it, as transformers and fairseq
+    # do; samples and prompt scores then see the banned tokens at -inf
+    beams = _rank_beams(logits, logit_rows, transfer, masks, banned)
+    if banned is not None:  # in place: a fresh tensor, or the graph's output, which each replay writes anew
+        logits.index_fill_(-1, banned, float("-inf"))
+    sampled, ids = _sample(logits, plan, transfer)
     scored = _score_prompts(logits, logit_rows, transfer)
     arrival = transfer.start()  # the step's one device-to-host copy
-    ids = transfer.parts[0] if logit_rows.sampled else None  # `_sample` queues its token ids first
+    ids = ids if logit_rows.sampled else None
     return PendingStep(batch, plan, ids, arrival, lambda host: StepResult(sampled(host), beams(host), scored(host)))
 
 
 def _sample(logits: torch.Tensor, plan: SamplingPlan | None, transfer: Transfer):
+    """(how the host reads the samples, the sampled ids on the device)."""
     if plan is None:
-        return lambda host: []
+        return (lambda host: []), None
     if plan.picked is not None:
         logits = logits.index_select(0, plan.picked)
     elif logits.shape[0] != plan.num_rows:
@@ -136,7 +140,8 @@ def _sample(logits: torch.Tensor, plan: SamplingPlan | None, transfer: Transfer)
         tops = (transfer.add(out.top_ids), transfer.add(out.top_logprobs), out.top_ids.shape[1])
 
     if plan.plain:
-        return lambda host: [(seq, [Sampled(int(token), 0.0, None)]) for (seq, _), token in zip(owners, host[ids])]
+        return (lambda host: [(seq, [Sampled(int(token), 0.0, None)]) for (seq, _), token in zip(owners, host[ids])],
+                out.token_ids)
 
     def result(host: list[list[float]]) -> list[tuple[Sequence, list[Sampled]]]:
         token_ids = host[ids]
@@ -164,11 +169,11 @@ def _sample(logits: torch.Tensor, plan: SamplingPlan | None, transfer: Transfer)
             results.append((seq, chosen))
         return results
 
-    return result
+    return result, out.token_ids
 
 
 def _rank_beams(logits: torch.Tensor, logit_rows: LogitRows, transfer: Transfer, masks: PendingMasks | None,
-                kept_share: torch.Tensor | None):
+                banned: torch.Tensor | None):
     requests, groups = [], []
     for group, rows_of in logit_rows.beam_rows.items():
         if len(rows_of) != len(group.seqs):
@@ -183,7 +188,7 @@ def _rank_beams(logits: torch.Tensor, logit_rows: LogitRows, transfer: Transfer,
         return lambda host: []
     allowed = None if masks is None else masks.allowed([seq for group in groups for seq in group.seqs])
     penalties = [_coverage_penalties(group) for group in groups]
-    values, indices = beam_candidates(logits, requests, allowed, kept_share, _stepwise_shift(groups, penalties))
+    values, indices = beam_candidates(logits, requests, allowed, banned, _stepwise_shift(groups, penalties))
     v, i, width = transfer.add(values), transfer.add(indices), values.shape[1]
     penalties = [None if p is None else transfer.add(p) for p in penalties]
 
