@@ -261,11 +261,11 @@ class RNNSeq2Seq(nn.Module):
         keys, values, mask = memory
         return self.attn(query, keys.to(query.dtype), values.to(query.dtype), mask)
 
-    def _run_fed(self, x: torch.Tensor, rows: dict, memory,
-                 lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run_fed(self, x: torch.Tensor, rows: dict, memory, lengths: torch.Tensor | None,
+                 want_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, Q, E): input feeding, token after token; a row past its sequence's length keeps its state.
-        Updates `rows` (h, c, feed) in place of their entries; returns the outputs o (B, Q, H) and the attention
-        weights (B, Q, S) (None without attention)."""
+        Updates `rows` (h, c, feed) in place of their entries; returns the outputs o (B, Q, H) and, with
+        `want_weights`, the attention weights (B, Q, S) (None without attention)."""
         hidden = [rows[name] for name in self.state_names]  # (B, layers, H)
         feed, outs, weights = rows["feed"].to(x.dtype), [], []
         for t in range(x.shape[1]):
@@ -279,7 +279,8 @@ class RNNSeq2Seq(nn.Module):
             new = [torch.stack(parts, dim=1) for parts in zip(*ends)]
             out, attended = self._attend(inp[:, None], memory)
             out = out[:, 0]
-            weights.append(attended)
+            if want_weights and attended is not None:
+                weights.append(attended)
             if lengths is not None:
                 active = (t < lengths)[:, None]
                 new = [torch.where(active[..., None], n, h.to(n.dtype)) for n, h in zip(new, hidden)]
@@ -287,7 +288,7 @@ class RNNSeq2Seq(nn.Module):
             hidden, feed = new, out
             outs.append(out)
         rows.update(zip(self.state_names, hidden), feed=feed)
-        return torch.stack(outs, dim=1), None if self.attn is None else torch.cat(weights, dim=1)
+        return torch.stack(outs, dim=1), torch.cat(weights, dim=1) if weights else None
 
     def _run_plain(self, x: torch.Tensor, rows: dict, memory,
                    lengths: list[int] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -306,7 +307,8 @@ class RNNSeq2Seq(nn.Module):
         memory = None if self.attn is None else self._memory(batch, state.encoder)
         x = batch.pad(self.tgt_embed(batch.token_ids))  # (B, Q, E)
         if self.config.input_feed:
-            out, weights = self._run_fed(x, rows, memory, batch.lens if batch.is_padded else None)
+            out, weights = self._run_fed(x, rows, memory, batch.lens if batch.is_padded else None,
+                                         batch.want_alignment)
         else:
             out, weights = self._run_plain(x, rows, memory, batch.query_lens if batch.is_padded else None)
         for name, tensor in rows.items():

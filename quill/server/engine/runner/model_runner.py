@@ -35,6 +35,7 @@ class ModelRunner:
         banned = loaded.banned_token_ids
         self.banned = to_device(banned, device, torch.long) if banned else None
         self.cheap_argmax = bool(getattr(self.model, "cheap_argmax", False)) and self.banned is None
+        self.aligns = bool(getattr(self.model, "aligns", False))  # it can leave its attention for coverage penalties
         self.sampling = SamplingTable(max_num_seqs, self.vocab_size, device)
         self.grammar_masks = GrammarMasks(self.vocab_size, device)
         # Each live sequence's state slot and/or its blocks (as many as the longest sequence holds).
@@ -70,7 +71,7 @@ class ModelRunner:
             packed, logit_rows, plan, longest = self._delta(rows, index, kept, tail)
         else:
             packed, logit_rows, plan, masks = self._whole(batch, inputs_from)
-            aligned = any(seq.group.params.follows_coverage for seq, _ in batch.work)
+            aligned = self.aligns and any(seq.group.params.follows_coverage for seq, _ in batch.work)
         pending = self._run(batch, packed, logit_rows, plan, masks, aligned=aligned)
         self.rows = DecodeRows.of(packed, logit_rows, plan, pending.sampled_ids, len(kept or ()), longest)
         return pending
