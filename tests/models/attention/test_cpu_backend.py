@@ -11,7 +11,7 @@ import torch
 from quill.models.attention import select_attention_backend
 from quill.models.attention.cpu_kernel import kernel
 from quill.models.batch import StepBatch
-from tests.conftest import build_tiny_model
+from tests.conftest import build_tiny_model, torch_threads
 
 # Only a machine without a C++ compiler may lack the kernel; where there is one, a failed build fails the tests.
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
@@ -24,15 +24,20 @@ def test_the_kernel_builds_where_there_is_a_compiler():
     assert not isinstance(built, str), f"the CPU attention kernel {built}"
 
 
-def test_the_kernel_equals_softmax_attention_over_its_blocks():
+# (K,V heads, sequences, threads): one work item per sequence, or each sequence's heads in shares (even and uneven)
+@pytest.mark.parametrize("kv_heads,num_seqs,threads", [(2, 3, 1), (3, 3, 1), (3, 2, 2), (2, 20, 2), (1, 5, 2)])
+def test_the_kernel_equals_softmax_attention_over_its_blocks(kv_heads, num_seqs, threads):
     g = torch.Generator().manual_seed(0)
-    num_blocks, block, kv_heads, heads, dim = 12, 4, 2, 6, 16
+    block, width, heads, dim = 4, 4, 6, 16
+    num_blocks = num_seqs * width
     k_cache, v_cache = (torch.randn(num_blocks, block, kv_heads, dim, generator=g) for _ in range(2))
-    tables = torch.tensor([[7, 2, 9, 0], [1, 11, 3, 5], [4, 6, 8, 10]])
-    lengths = torch.tensor([1, 14, 9])
-    q = torch.randn(3, heads, dim, generator=g)
-    out = kernel().paged_decode_attention(q, k_cache, v_cache, tables, lengths, dim ** -0.5)
-    for b in range(3):
+    tables = torch.randperm(num_blocks, generator=g).view(num_seqs, width)
+    lengths = torch.randint(1, block * width + 1, (num_seqs,), generator=g)
+    lengths[0] = 1
+    q = torch.randn(num_seqs, heads, dim, generator=g)
+    with torch_threads(threads):
+        out = kernel().paged_decode_attention(q, k_cache, v_cache, tables, lengths, dim ** -0.5)
+    for b in range(num_seqs):
         n = int(lengths[b])
         keys = k_cache[tables[b]].flatten(0, 1)[:n].repeat_interleave(heads // kv_heads, 1)  # (n, heads, dim)
         values = v_cache[tables[b]].flatten(0, 1)[:n].repeat_interleave(heads // kv_heads, 1)
