@@ -90,6 +90,8 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   return out;
 }
 
+// The GIL is let go while the kernel runs, so that the server's HTTP thread answers meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged K,V cache (CPU)");
+  m.def("paged_decode_attention", &paged_decode_attention, "decode attention over a paged K,V cache (CPU)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
 }

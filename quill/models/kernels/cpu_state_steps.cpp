@@ -246,9 +246,12 @@ std::vector<torch::Tensor> mlstm_step(torch::Tensor C, torch::Tensor n, torch::T
   return {h, n_out, m_out};
 }
 
+// The GIL is let go while a kernel runs, so that the server's HTTP thread answers meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("mamba_scan", &mamba_scan, "Mamba-1's scan from each row's slot, in place (CPU)");
-  module.def("conv_step", &conv_step, "Mamba-1's convolution and SiLU for one token, windows slid in place (CPU)");
-  module.def("ssd_step", &ssd_step, "Mamba-2's decode step in each row's slot (CPU)");
-  module.def("mlstm_step", &mlstm_step, "the mLSTM's decode step in each row's slot (CPU)");
+  const auto unlocked = pybind11::call_guard<pybind11::gil_scoped_release>();
+  module.def("mamba_scan", &mamba_scan, "Mamba-1's scan from each row's slot, in place (CPU)", unlocked);
+  module.def("conv_step", &conv_step, "Mamba-1's convolution and SiLU for one token, windows slid in place (CPU)",
+             unlocked);
+  module.def("ssd_step", &ssd_step, "Mamba-2's decode step in each row's slot (CPU)", unlocked);
+  module.def("mlstm_step", &mlstm_step, "the mLSTM's decode step in each row's slot (CPU)", unlocked);
 }
