@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from ..kernels import TORCH_OPS, LayerOps
 from ..batch import StepBatch, run_by_parts, split_decodes
 from ..state import SlotState
 from .mamba_scan import scan_step, selective_scan
@@ -187,16 +188,20 @@ class MambaBackbone(nn.Module):
             residual = residual + block.mixer(block.norm(residual.to(x.dtype)), parts, state, i, chunk)
         return residual
 
-    def logits(self, residual: torch.Tensor, lm_head: nn.Linear | None) -> torch.Tensor:
-        """The final norm and the LM head (None: tied to the embeddings) -> float32 logits."""
+    def logits(self, residual: torch.Tensor, lm_head: nn.Linear | None, ops: LayerOps) -> torch.Tensor:
+        """The final norm and the LM head (None: tied to the embeddings), through the layer ops -> float32
+        logits. The norm's output takes the embeddings' dtype, the model's (a narrowed head is widened by the
+        ops, narrow_weights.py)."""
         weight = self.embeddings.weight if lm_head is None else lm_head.weight
-        return F.linear(self.norm_f(residual).to(weight.dtype), weight).float()
+        return ops.linear(self.norm_f(residual).to(self.embeddings.weight.dtype), weight, None).float()
 
 
 class MambaFamilyModel(SlotLanguageModel):
     """Both Mamba generations' language model: the backbone over `mixers`, then the output layer `lm_head`, or
     the embeddings where the config ties them. The config names vocab_size, norm_eps, residual_in_fp32 and
     tie_embeddings alike in both."""
+
+    layer_ops: LayerOps = TORCH_OPS  # the loader's choice: how the output layer's product runs (oneDNN's on the CPU)
 
     def __init__(self, config, width: int, mixers: list[nn.Module]):
         super().__init__()
@@ -211,7 +216,7 @@ class MambaFamilyModel(SlotLanguageModel):
         return self.backbone.hidden(batch, state, self.config.residual_in_fp32, self.scan_chunk)
 
     def _logits(self, residual: torch.Tensor) -> torch.Tensor:
-        return self.backbone.logits(residual, self.lm_head)
+        return self.backbone.logits(residual, self.lm_head, self.layer_ops)
 
 
 class MambaLanguageModel(MambaFamilyModel):

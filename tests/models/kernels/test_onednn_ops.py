@@ -183,3 +183,28 @@ def test_convolutional_families_multiply_by_their_kernels_through_the_layer_ops(
     assert all(ops.is_packed(matrix) for matrix in kernels)
     assert all(conv.matrix(conv.conv.weight if key == "gcnn" else conv.weight) is matrix
                for conv, matrix in zip(convs, kernels))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_mamba_output_layer_goes_through_the_layer_ops(tied, tmp_path):
+    """Mamba's output layer (its embeddings where tied) runs through the loader's ops, packed once: the same logits
+    as through the reference ops."""
+    pytest.importorskip("transformers")
+    from quill.models.loading.checkpoint import load_checkpoint
+    from tests.hf_state_models.mamba import save_tiny
+
+    save_tiny(tmp_path, tie_word_embeddings=tied)
+    model = load_checkpoint(tmp_path, device="cpu", dtype="float32", layer_ops="onednn").model
+    ops = model.layer_ops
+    assert ops.name == "onednn" and (model.lm_head is None) == tied
+
+    def step(layer_ops) -> torch.Tensor:
+        model.layer_ops = layer_ops
+        batch = StepBatch.build([[5, 6, 7], [8, 9]], [0, 0], slots=[0, 1], logits="all")
+        return model.step(batch, model.new_state(2))
+
+    with torch.inference_mode():
+        fast, plain = step(ops), step(TORCH_OPS)
+    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
+    head = model.backbone.embeddings.weight if tied else model.lm_head.weight
+    assert ops.is_packed(head)
