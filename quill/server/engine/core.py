@@ -24,6 +24,7 @@ from .beam_search import BeamSearch
 from .cuda_graphs import CudaGraphs, GraphCapture, GraphCaptureError
 from .current_device import make_current
 from .graph_buckets import graph_batch_sizes
+from .host_memory import keep_freed_memory
 from .kv_events import KVEventsConfig, open_kv_events
 from .output_processor import OutputProcessor
 from .parallel.config import ParallelConfig
@@ -94,6 +95,8 @@ class EngineCore:
         """`graph_capture`: how decode steps are captured as graphs; None: CUDA graphs on a CUDA device.
         `grammars`: compiles constrained requests' grammars (shared with the API when both are in one process)."""
         make_current(loaded.device)  # the cache's profiling steps and graph capture run on this thread
+        if loaded.device.type == "cpu":
+            keep_freed_memory()
         self.loaded = loaded
         self.config = config or EngineConfig()
         self.tokenizer = loaded.tokenizer
