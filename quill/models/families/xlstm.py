@@ -81,6 +81,14 @@ def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
     return x if cap is None else cap * torch.tanh(x / cap)
 
 
+def soft_cap_(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """`soft_cap` in place where nothing needs its graph: a step's (rows, vocabulary) logits, one pass each over
+    them instead of three new tensors (9% of a 64-row decode step went to capping the logits)."""
+    if cap is None or x.requires_grad:
+        return soft_cap(x, cap)
+    return x.div_(cap).tanh_().mul_(cap)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, width: int, eps: float, bias: bool):
         super().__init__()
@@ -235,8 +243,8 @@ class XLSTMLanguageModel(SlotLanguageModel):
                           for name, shape in self._state_shapes().items()})
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(self.backbone.out_norm(x)).float()
-        return soft_cap(logits, self.config.output_logit_soft_cap)
+        logits = self.lm_head(self.backbone.out_norm(x)).float()  # a new tensor: no one else reads it
+        return soft_cap_(logits, self.config.output_logit_soft_cap)
 
     def _hidden(self, batch: StepBatch, state: SlotState) -> torch.Tensor:
         """(T, D) top hidden states of the step's tokens; the slots updated in place, one block at a time (for
