@@ -42,15 +42,15 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   const float s = static_cast<float>(scale);
   // four items a thread at least, so that uneven lengths even out
   const int64_t threads = at::get_num_threads();
-  const int64_t shares = std::min(KVH, (4 * threads + B - 1) / B);
-  const int64_t share_heads = (KVH + shares - 1) / shares;  // K,V heads of one share
+  const int64_t wanted = std::min(KVH, (4 * threads + B - 1) / B);  // shares of a sequence's heads
+  const int64_t share_heads = (KVH + wanted - 1) / wanted;  // K,V heads of one share
+  const int64_t shares = (KVH + share_heads - 1) / share_heads;  // as many as leave none empty
   const int64_t items = B * shares;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min(threads, items), 1, [&](int64_t, int64_t) {
     std::vector<float> scores, acc;
     for (int64_t i = next++; i < items; i = next++) {
       const int64_t b = i / shares, g0 = (i % shares) * share_heads, g1 = std::min(KVH, g0 + share_heads);
-      if (g0 >= g1) continue;
       const int64_t h0 = g0 * G, heads = (g1 - g0) * G, len = std::min(L[b], W * S);
       const float* qb = Q + (b * H + h0) * D;
       scores.resize(heads * len);

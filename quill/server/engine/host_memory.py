@@ -26,15 +26,12 @@ ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 def _glibc():
-    """The C library if it is glibc's (which has mallopt and gnu_get_libc_version), else None."""
-    name = ctypes.util.find_library("c")
+    """The C library if it is glibc's (it has mallopt and gnu_get_libc_version), else None."""
     try:
-        libc = ctypes.CDLL(name)
-        libc.gnu_get_libc_version
-        libc.mallopt
-    except (OSError, TypeError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    except OSError:
         return None
-    return libc
+    return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt") else None
 
 
 @functools.cache
@@ -48,6 +45,6 @@ def keep_freed_memory() -> bool:
     raised = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD,
                                                                                           TRIM_THRESHOLD))
     if raised:
-        log.info("freed host memory is kept for reuse (glibc's mmap threshold %d MiB, heap never trimmed)",
-                 MMAP_THRESHOLD >> 20)
+        log.info("freed host memory is kept for reuse (glibc's mmap threshold %d MiB, its heap trimmed only past "
+                 "%d GiB free)", MMAP_THRESHOLD >> 20, (TRIM_THRESHOLD + 1) >> 30)
     return raised

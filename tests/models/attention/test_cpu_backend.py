@@ -24,8 +24,10 @@ def test_the_kernel_builds_where_there_is_a_compiler():
     assert not isinstance(built, str), f"the CPU attention kernel {built}"
 
 
-# (K,V heads, sequences, threads): one work item per sequence, or each sequence's heads in shares (even and uneven)
-@pytest.mark.parametrize("kv_heads,num_seqs,threads", [(2, 3, 1), (3, 3, 1), (3, 2, 2), (2, 20, 2), (1, 5, 2)])
+# (K,V heads, sequences, threads): one work item per sequence, or each sequence's heads in shares (even, uneven, and
+# fewer than asked for where an even split would leave one empty: 6 heads, 4 wanted, 3 of 2)
+@pytest.mark.parametrize("kv_heads,num_seqs,threads",
+                         [(2, 3, 1), (3, 3, 1), (3, 2, 2), (6, 2, 2), (2, 20, 2), (1, 5, 2)])
 def test_the_kernel_equals_softmax_attention_over_its_blocks(kv_heads, num_seqs, threads):
     g = torch.Generator().manual_seed(0)
     block, width, heads, dim = 4, 4, 6, 16
