@@ -10,7 +10,9 @@
 #    writing its log and JUnit XML under $OUT as it ends: kernels (the Triton kernels and CUDA graph replay
 #    against eager, bf16 included), engine (models, engine, sampling, beams, structured output), api (the routes,
 #    live servers, engine processes: the slowest)
-# 4. bench: `python -m benchmarks.gpu_bench` once per shape; its JSON (rewritten after every figure), log and
+# 4. seq2seq (only when named in STAGES): `python -m benchmarks.seq2seq_bench --device $DEVICE --dtype $DTYPE`, the
+#    Marian shape against transformers and CTranslate2 on the GPU; its table in $OUT/seq2seq.txt, JSON beside it
+# 5. bench: `python -m benchmarks.gpu_bench` once per shape; its JSON (rewritten after every figure), log and
 #    decode-step traces under $OUT; then $OUT/gpu_table.md from every JSON there
 #
 # Every stage has a time limit, and all of them together $BUDGET seconds, so a stage that hangs leaves the
@@ -25,7 +27,8 @@
 # "custom": pytest over $TESTS)  SHAPES="gpt2 llama3.2-1b"  PARTS=(all)  DEVICE=cuda  DTYPE=bfloat16
 # TEST_WORKERS=0 (pytest-xdist processes, if its wheel is in .whl/)  BUDGET=570  KERNELS_TIMEOUT=90
 # ENGINE_TIMEOUT=150  API_TIMEOUT=300  KERNEL_TESTS ENGINE_TESTS API_TESTS (each stage's pytest arguments, below)
-# TESTS= TESTS_TIMEOUT=240 (the custom stage)  SHAPE_TIMEOUT=420
+# TESTS= TESTS_TIMEOUT=240 (the custom stage)  SEQ2SEQ_ARGS="--sources 1024 --batch-size 64 --concurrency 256"
+# SEQ2SEQ_TIMEOUT=240  SHAPE_TIMEOUT=420
 # BENCH_ARGS=(more gpu_bench flags, e.g. "--server-arg=--attention-backend=sdpa")  PYTHON=python3  WHEELS=.whl
 # (DEVICE=cpu DTYPE=float32 BENCH_ARGS=--smoke STAGES=bench runs the benchmark on a machine without a GPU, in a
 # minute; tests/benchmarks/test_gpu_session.py runs the whole script so.)
@@ -46,6 +49,8 @@ KERNELS_TIMEOUT=${KERNELS_TIMEOUT:-90}
 ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-150}
 API_TIMEOUT=${API_TIMEOUT:-300}
 SHAPE_TIMEOUT=${SHAPE_TIMEOUT:-420}
+SEQ2SEQ_ARGS=${SEQ2SEQ_ARGS:---sources 1024 --batch-size 64 --concurrency 256}
+SEQ2SEQ_TIMEOUT=${SEQ2SEQ_TIMEOUT:-240}
 BENCH_ARGS=${BENCH_ARGS:-}
 PYTHON=${PYTHON:-python3}
 WHEELS=${WHEELS:-.whl}
@@ -134,6 +139,16 @@ if [[ " $STAGES " == *" api "* ]]; then test_stage api "$API_TIMEOUT" $API_TESTS
 # shellcheck disable=SC2086
 if [[ " $STAGES " == *" custom "* ]]; then test_stage custom "$TESTS_TIMEOUT" $TESTS; fi
 
+if [[ " $STAGES " == *" seq2seq "* ]]; then
+  # shellcheck disable=SC2086  # SEQ2SEQ_ARGS is a list of words
+  bounded "$SEQ2SEQ_TIMEOUT" "$OUT/seq2seq.log" seq2seq env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    "$PYTHON" -m benchmarks.interruptible benchmarks.seq2seq_bench --device "$DEVICE" --dtype "$DTYPE" \
+    --cache-dir "$OUT/seq2seq-models" --out "$OUT/seq2seq.json" $SEQ2SEQ_ARGS
+  status+=("seq2seq: exit $?")
+  rm -rf "$OUT/seq2seq-models"  # a 300 MB checkpoint and its conversion: not results
+  sed -n '/^Seq2seq benchmark/,$p' "$OUT/seq2seq.log" > "$OUT/seq2seq.txt"
+fi
+
 if [[ " $STAGES " == *" bench "* ]]; then
   for shape in $SHAPES; do
     # shellcheck disable=SC2086  # PARTS and BENCH_ARGS are lists of words
@@ -151,7 +166,8 @@ fi
 
 if [[ ${PACK:-0} == 1 ]]; then
   tar -czf "$OUT.tar.gz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$OUT.tar.gz" "$OUT/session.tar.gz"
-  tar -xzf "$OUT/session.tar.gz" -C "$OUT" ./tests-summary.txt ./gpu_table.md ./versions.txt 2>/dev/null
+  tar -xzf "$OUT/session.tar.gz" -C "$OUT" ./tests-summary.txt ./gpu_table.md ./versions.txt \
+    ./seq2seq.txt 2>/dev/null
   echo "== packed: $(ls "$OUT")"
 fi
 

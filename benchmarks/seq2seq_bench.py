@@ -5,6 +5,7 @@ CTranslate2, on the same weights, thread count and source token ids, side by sid
     python -m benchmarks.seq2seq_bench --engines transformers,ctranslate2  # the baselines alone
     python -m benchmarks.seq2seq_bench --online                            # and Poisson arrivals: Quill vs CT2
     python -m benchmarks.seq2seq_bench --smoke                             # seconds, a tiny Marian: the code runs
+    python -m benchmarks.seq2seq_bench --device cuda --dtype bfloat16 --sources 1024 --batch-size 64  # on a GPU
 
 1. Builds OPUS-MT en-de's shape (6+6 layers, d_model 512, 8 heads, ffn 2048, 58,101-token shared vocabulary,
    swish, static sinusoidal positions) with random weights as a Hugging Face directory with a sentencepiece
@@ -21,6 +22,9 @@ CTranslate2, on the same weights, thread count and source token ids, side by sid
    CTranslate2 behind a micro-batching thread (what waited, plus what arrives within 50 ms of the oldest, up to
    32, per translate_batch) against Quill over HTTP, not streamed. p50/p99 latency and throughput per rate; then,
    at CTranslate2's p99 where it kept up, the throughput each reaches (goal: Quill >= 1.5x).
+
+--device cuda runs every engine on the GPU in --dtype (CTranslate2's compute_type of the same name); an engine that
+cannot (CTranslate2 without the CUDA libraries it was built for, say) is reported in its own words and left out.
 
 A Quill that refuses the checkpoint (encoder-decoders not served yet, say) is reported in its own words, and the
 other engines' figures still print.
@@ -40,7 +44,7 @@ import torch
 
 from .common import seq2seq_http as qh
 from .common import seq2seq_runs as runs
-from .common.hardware import describe_machine, load_average
+from .common.hardware import describe_device, describe_machine, load_average
 from .common.marian_shape import OPUS_EN_DE, TINY, MarianShape, Vocab, ensure_ctranslate2, ensure_marian, random_sources
 from .common.seq2seq_report import agreement, online_budget, render
 from .common.timing import write_json
@@ -91,11 +95,12 @@ def _parameters(hf_dir: Path) -> int:
         return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
 
 
-def _offline_baselines(s: Seq2SeqSettings, engines, beams, threads, hf_dir, vocab, sources, log) -> tuple:
+def _offline_baselines(s: Seq2SeqSettings, engines, beams, threads, hf_dir, vocab, sources, log, device="cpu",
+                       dtype="float32") -> tuple:
     """(figures, outputs, translator): transformers and CTranslate2 offline, by engine and beam width."""
     figures, outputs, translator = {}, {}, None
     if "transformers" in engines:
-        model = runs.load_transformers(hf_dir)
+        model = runs.load_transformers(hf_dir, device, getattr(torch, dtype))
         for b in beams:
             log(f"transformers: {len(sources)} sources, beams {b}, static batches of {s.batch_size} ...")
             run, outputs[("transformers", b)] = runs.transformers_offline(model, sources, s.new_tokens, b,
@@ -103,7 +108,13 @@ def _offline_baselines(s: Seq2SeqSettings, engines, beams, threads, hf_dir, voca
             figures.setdefault("transformers", {})[b] = run.to_dict(batch_size=s.batch_size)
         del model
     if "ctranslate2" in engines:
-        translator = runs.ctranslate2_translator(ensure_ctranslate2(hf_dir, log), threads)
+        try:
+            translator = runs.ctranslate2_translator(ensure_ctranslate2(hf_dir, log), threads, device, dtype)
+            runs.ctranslate2_batch(translator, vocab, [vocab.to_pieces(sources[0])], 2, 1, 1)
+        except (RuntimeError, ValueError, OSError) as e:  # e.g. a CUDA library it was built against is missing
+            log(f"CTranslate2 cannot run on {device} in {dtype}: {e}")
+            figures["ctranslate2"] = {b: {"error": f"CTranslate2 on {device}: {e}"} for b in beams}
+            return figures, outputs, None
         for b in beams:
             log(f"CTranslate2: {len(sources)} sources, beams {b}, max_batch_size {s.batch_size} ...")
             run, outputs[("ctranslate2", b)] = runs.ctranslate2_offline(translator, vocab, sources, s.new_tokens, b,
@@ -112,13 +123,14 @@ def _offline_baselines(s: Seq2SeqSettings, engines, beams, threads, hf_dir, voca
     return figures, outputs, translator
 
 
-def _quill_offline(s, stack, beams, threads, hf_dir, sources, quill_args, log) -> tuple[dict, dict, str | None]:
+def _quill_offline(s, stack, beams, threads, hf_dir, sources, quill_args, log, device="cpu", dtype="float32",
+                   ) -> tuple[dict, dict, str | None]:
     """(status, figures by beam width, URL or None)."""
     cache = qh.cache_bytes(s.concurrency, max(beams), s.source_lens[1], s.new_tokens, s.shape.decoder_layers,
-                           s.shape.d_model, 16)
+                           s.shape.d_model, 16, getattr(torch, dtype).itemsize)
     try:
-        url, command = qh.start_quill(stack, hf_dir, "marian", threads, max(64, s.concurrency * max(beams)), cache,
-                                      quill_args, s.ready_timeout, log)
+        url, command, output = qh.start_quill(stack, hf_dir, "marian", threads, max(64, s.concurrency * max(beams)),
+                                              cache, quill_args, s.ready_timeout, log, device, dtype)
     except qh.QuillUnavailable as e:
         log(f"Quill did not start: {e.reason}")
         return {"ran": False, "refused": e.refused, "reason": e.reason}, {}, None
@@ -128,7 +140,7 @@ def _quill_offline(s, stack, beams, threads, hf_dir, sources, quill_args, log) -
         try:
             figures[b], texts[b] = qh.quill_offline(url, "marian", sources, s.new_tokens, b, s.concurrency)
         except qh.QuillUnavailable as e:
-            log(f"Quill, beams {b}: {e.reason}")
+            log(f"Quill, beams {b}: {e.reason}; {output.tail()}")
             figures[b] = {"error": e.reason, "refused": e.refused}
     ran = any("error" not in f for f in figures.values())
     return {"ran": ran, "command": command, "texts": texts}, figures, url
@@ -157,29 +169,32 @@ def _online(s: Seq2SeqSettings, rates: list[float], translator, vocab: Vocab, ur
 
 def run(s: Seq2SeqSettings, engines: list[str], beams: list[int], threads: int, online: bool = False,
         rates: list[float] | None = None, cache_dir: Path = DEFAULT_CACHE, quill_args: list[str] = (),
-        log=print) -> dict:
+        log=print, device: str = "cpu", dtype: str = "float32") -> dict:
     """The whole benchmark (see the module docstring); every figure, JSON-ready."""
     rates = rates or (list(s.rates) if s.rates else None)
     if online and rates is None and ("ctranslate2" not in engines or 1 not in beams):
         raise ValueError("--online without --rates sets its rates from CTranslate2's offline greedy run: keep "
                          "ctranslate2 in --engines and 1 in --beams, or pass --rates")
     torch.set_num_threads(threads)
-    machine = describe_machine() | {"load_average": load_average(), **_versions("ctranslate2", "transformers")}
+    machine = describe_machine() | {"load_average": load_average(), **_versions("ctranslate2", "transformers"),
+                                    "device": describe_device(torch.device(device))}
     hf_dir = ensure_marian(cache_dir, s.shape, log)
     vocab = Vocab.read(hf_dir)
     sources = random_sources(vocab, s.sources, s.source_lens, s.seed)
     results = {"benchmark": "seq2seq_bench", "preset": s.name, "settings": asdict(s), "engines": engines,
                "beams": beams, "threads": threads, "machine": machine,
-               "model": {"description": s.shape.describe(), "parameters": _parameters(hf_dir), "dtype": "float32",
+               "model": {"description": s.shape.describe(), "parameters": _parameters(hf_dir), "dtype": dtype,
                          "directory": str(hf_dir), "real_pieces": len(vocab.real)},
                "workload": {"sources": len(sources), "source_tokens": sum(map(len, sources)),
                             "source_lens": [min(map(len, sources)), max(map(len, sources))],
                             "new_tokens": s.new_tokens, "generated_tokens_per_run": len(sources) * s.new_tokens}}
     with ExitStack() as stack:
-        figures, outputs, translator = _offline_baselines(s, engines, beams, threads, hf_dir, vocab, sources, log)
+        figures, outputs, translator = _offline_baselines(s, engines, beams, threads, hf_dir, vocab, sources, log,
+                                                          device, dtype)
         url = None
         if "quill" in engines:
-            status, figures["quill"], url = _quill_offline(s, stack, beams, threads, hf_dir, sources, quill_args, log)
+            status, figures["quill"], url = _quill_offline(s, stack, beams, threads, hf_dir, sources, quill_args, log,
+                                                           device, dtype)
             texts = status.pop("texts", {})
             results["quill"] = status
         else:
@@ -207,6 +222,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2, help="compute threads of every engine (default 2)")
     parser.add_argument("--sources", type=int, help=f"offline sources (default {FULL.sources})")
     parser.add_argument("--new-tokens", type=int, help=f"tokens generated per source (default {FULL.new_tokens})")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: where every engine runs (default cpu)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="every engine's weights and activations (default float32)")
+    parser.add_argument("--batch-size", type=int, help=f"transformers' static batches and CTranslate2's "
+                                                       f"max_batch_size (default {FULL.batch_size})")
     parser.add_argument("--concurrency", type=int, help=f"Quill's requests in flight, offline (default "
                                                          f"{FULL.concurrency})")
     parser.add_argument("--online", action="store_true", help="also Poisson arrivals: Quill vs CTranslate2")
@@ -227,6 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
     s = SMOKE if args.smoke else FULL
     changes = {k: v for k, v in (("sources", args.sources), ("new_tokens", args.new_tokens),
                                  ("concurrency", args.concurrency),
+                                 ("batch_size", args.batch_size),
                                  ("online_seconds", args.online_seconds), ("batch_window", args.batch_window))
                if v is not None}
     s = replace(s, **changes)
@@ -235,7 +256,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.online and not (rates or s.rates) and ("ctranslate2" not in engines or 1 not in beams):
         parser.error("--online takes its rates from CTranslate2's offline greedy run: keep ctranslate2 in --engines "
                      "and 1 in --beams, or pass --rates")
-    results = run(s, engines, beams, args.threads, args.online, rates, args.cache_dir, args.quill_args.split(), log)
+    results = run(s, engines, beams, args.threads, args.online, rates, args.cache_dir, args.quill_args.split(), log,
+                  args.device, args.dtype)
     print(render(results))
     if args.out:
         write_json(args.out, results)

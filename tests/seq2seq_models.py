@@ -85,19 +85,20 @@ def _as_hub_umt5(directory: Path, model_cls):
     raw.pop("scale_decoder_outputs", None)
     path.write_text(json.dumps({**raw, "tie_word_embeddings": False}, indent=2))
     model = model_cls.from_pretrained(directory).eval()
-    assert model.lm_head.weight is not model.shared.weight and not model.config.scale_decoder_outputs
+    # transformers 5.17 has no scale_decoder_outputs (and reads this config untied, unscaled)
+    assert model.lm_head.weight is not model.shared.weight and not getattr(model.config, "scale_decoder_outputs", False)
     return model
 
 
-def load_quill_model(directory: Path) -> Seq2SeqTransformer:
-    """Quill's model of a written checkpoint, weights read as load_checkpoint reads them, float32 on the CPU."""
+def load_quill_model(directory: Path, device: torch.device = torch.device("cpu")) -> Seq2SeqTransformer:
+    """Quill's model of a written checkpoint, weights read as load_checkpoint reads them, float32 on `device`."""
     config, _ = hf.config_from_hf(json.loads((directory / "config.json").read_text()))
     with torch.device("meta"):
         model = Seq2SeqTransformer(config)
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     with open_weights(directory) as tensors:
         state = read_weights(tensors, hf.tensor_sources(config, list(shapes), tensors.names), shapes, torch.float32,
-                             torch.device("cpu"), label=directory.name)
+                             device, label=directory.name)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
 

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import re
+import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
+
+import httpx
 
 from quill.clients.bench.runner import http_client
 from quill.server.config import ServerConfig
 
 from .seq2seq_runs import online_summary
-from .server_process import free_port, running_server, serve_command
+from .server_process import free_port, serve_command, server_process
 
 
 class QuillUnavailable(RuntimeError):
@@ -44,29 +47,47 @@ def start_failure(message: str) -> QuillUnavailable:
 
 
 def cache_bytes(concurrency: int, beams: int, longest_source: int, new_tokens: int, layers: int, d_model: int,
-                block_size: int) -> int:
+                block_size: int, dtype_bytes: int = 4) -> int:
     """Room for every sequence in flight (`concurrency` requests x `beams`), generously: keys and values of its
-    self-attention and of its cross-attention over the source, in float32, each rounded up to blocks, plus a block."""
-    per_token = 2 * layers * d_model * 4  # K and V, every decoder layer
+    self-attention and of its cross-attention over the source (`dtype_bytes` each), each rounded up to blocks, plus
+    a block."""
+    per_token = 2 * layers * d_model * dtype_bytes  # K and V, every decoder layer
     tokens = -(-(longest_source + block_size) // block_size) * block_size + \
         -(-(new_tokens + block_size) // block_size) * block_size
     return concurrency * beams * tokens * per_token
 
 
 def start_quill(stack: ExitStack, hf_dir: Path, name: str, threads: int, max_num_seqs: int, cache: int,
-                extra_args: list[str], ready_timeout: float, log) -> tuple[str, list[str]]:
-    """(URL, command) of a `quill serve` on `hf_dir`, stopped when `stack` closes; QuillUnavailable if it does not
-    start."""
-    config = ServerConfig(models=[f"{name}={hf_dir}"], host="127.0.0.1", port=free_port(), device="cpu",
-                          dtype="float32", max_num_seqs=max_num_seqs, cache_bytes=cache)
+                extra_args: list[str], ready_timeout: float, log, device: str = "cpu", dtype: str = "float32",
+                ) -> tuple[str, list[str], ServerOutput]:
+    """(URL, command, its output) of a `quill serve` on `hf_dir`, stopped when `stack` closes; QuillUnavailable if
+    it does not start."""
+    config = ServerConfig(models=[f"{name}={hf_dir}"], host="127.0.0.1", port=free_port(), device=device,
+                          dtype=dtype, max_num_seqs=max_num_seqs, cache_bytes=cache)
     args = ["--threads", str(threads), *extra_args]
     command = ["python", *serve_command(config)[1:], *args]
     log(f"starting Quill: {' '.join(command)}")
+    output = stack.enter_context(tempfile.TemporaryFile(mode="w+"))
     try:
-        url = stack.enter_context(running_server(config, ready_timeout, threads, args))
+        url, process = stack.enter_context(server_process(config, ready_timeout, threads, args, output))
     except (RuntimeError, TimeoutError) as e:
         raise start_failure(str(e)) from None
-    return url, command
+    return url, command, ServerOutput(process, output)
+
+
+class ServerOutput:
+    """A running server's process and what it has printed, to say why requests failed."""
+
+    def __init__(self, process, file):
+        self.process, self.file = process, file
+
+    def tail(self, chars: int = 3000) -> str:
+        self.file.flush()
+        self.file.seek(0)
+        text = self.file.read()[-chars:]
+        self.file.seek(0, 2)
+        state = "running" if self.process.poll() is None else f"exited with {self.process.returncode}"
+        return f"the server is {state}; the end of its output:\n{text}"
 
 
 def request_body(name: str, source: list[int], new_tokens: int, beams: int) -> dict:
@@ -79,7 +100,10 @@ def request_body(name: str, source: list[int], new_tokens: int, beams: int) -> d
 
 async def _one(http, body: dict) -> tuple[int, str, str | None]:
     """(completion tokens, text, error or None) of one request."""
-    response = await http.post("/v1/completions", json=body)
+    try:
+        response = await http.post("/v1/completions", json=body)
+    except httpx.TransportError as e:  # the connection broke: the server stopped, say
+        return 0, "", f"{type(e).__name__}: {e}"
     if response.status_code != 200:
         try:
             error = response.json().get("error", {}).get("message")

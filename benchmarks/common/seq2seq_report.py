@@ -86,8 +86,8 @@ def _offline(results: dict) -> list[str]:
                 rows.append([engine, str(b), _num(f["tokens_per_s"]), _num(f["sentences_per_s"], 2),
                              _num(f["seconds"], 2), note])
     lines = [f"Offline: {w['sources']} sources of {w['source_lens'][0]}-{w['source_lens'][1]} token ids (</s> "
-             f"included), {w['new_tokens']} new tokens each ({w['generated_tokens_per_run']:,} per run), float32, "
-             f"{results['threads']} thread(s) per engine",
+             f"included), {w['new_tokens']} new tokens each ({w['generated_tokens_per_run']:,} per run), "
+             f"{results['model']['dtype']}, {_where(results)}",
              *table(["engine", "beams", "tokens/s", "sentences/s", "seconds", "note"], rows)]
     for b in results["beams"]:
         q, hf, ct = (off.get(e, {}).get(b) for e in ("quill", "transformers", "ctranslate2"))
@@ -128,12 +128,24 @@ def _online(o: dict) -> list[str]:
     return lines
 
 
+def _where(results: dict) -> str:
+    device = results["machine"].get("device", {"type": "cpu"})
+    if device["type"] == "cpu":
+        return f"{results['threads']} thread(s) per engine"
+    return f"every engine on {device['name']}"
+
+
+def _gpu(machine: dict) -> str:
+    device = machine.get("device", {"type": "cpu"})
+    return "" if device["type"] == "cpu" else f"{device['name']} (CUDA {device['cuda']}) | "
+
+
 def render(results: dict) -> str:
     m, q = results["machine"], results["quill"]
     lines = [f"Seq2seq benchmark ({results['preset']}): {results['model']['description']}, "
-             f"{results['model']['parameters'] / 1e6:.1f}M parameters, float32",
+             f"{results['model']['parameters'] / 1e6:.1f}M parameters, {results['model']['dtype']}",
              f"Machine: {m['cpu']} | {m['cores']} cores | torch {m['torch']} | transformers {m['transformers']} | "
-             f"ctranslate2 {m['ctranslate2']} | load average {m['load_average']} at start, "
+             f"ctranslate2 {m['ctranslate2']} | {_gpu(m)}load average {m['load_average']} at start, "
              f"{m.get('load_average_end')} at end"]
     if m["load_average"][0] > m["cores"] / 2:  # at the start: at the end it counts this run's own threads
         lines.append(f"WARNING: load average {m['load_average'][0]} on {m['cores']} cores at the start: other work "

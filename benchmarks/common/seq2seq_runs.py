@@ -52,13 +52,13 @@ def _check_lengths(engine: str, outputs: list[list[int]], new_tokens: int) -> No
 # transformers
 
 
-def load_transformers(hf_dir):
+def load_transformers(hf_dir, device: str = "cpu", dtype: torch.dtype = torch.float32):
     from transformers import MarianMTModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()  # "max_new_tokens and max_length both set": max_new_tokens wins, as meant
-    return MarianMTModel.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    return MarianMTModel.from_pretrained(hf_dir, dtype=dtype).to(device).eval()
 
 
 @torch.inference_mode()
@@ -71,6 +71,7 @@ def transformers_batch(model, batch: list[list[int]], new_tokens: int, beams: in
     for row, source in enumerate(batch):
         ids[row, :len(source)] = torch.tensor(source)
         mask[row, :len(source)] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
     out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                          num_beams=beams, num_return_sequences=1, do_sample=False)
     return out[:, 1:].tolist()  # after the decoder start token (<pad>)
@@ -92,10 +93,10 @@ def transformers_offline(model, sources: list[list[int]], new_tokens: int, beams
 # CTranslate2
 
 
-def ctranslate2_translator(ct2_dir, threads: int):
+def ctranslate2_translator(ct2_dir, threads: int, device: str = "cpu", compute_type: str = "float32"):
     import ctranslate2
 
-    return ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="float32", intra_threads=threads,
+    return ctranslate2.Translator(str(ct2_dir), device=device, compute_type=compute_type, intra_threads=threads,
                                   inter_threads=1)
 
 

@@ -15,6 +15,7 @@ from quill.models.classic.conversion import convert
 from quill.models.loading.checkpoint import load_checkpoint
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.sampling import SamplingParams
+from tests.conftest import TEST_DEVICE
 from tests.models.test_rnn_seq2seq import reference, save, tiny_model
 from tests.seq2seq_models import write_checkpoint
 from tests.toolkit_reference import reference_beam, run_to_end
@@ -40,7 +41,7 @@ def opennmt(tmp_path_factory):
     with torch.no_grad():  # answers of different lengths, so that hypotheses with different coverage compete
         model.generator_bias[3] += 2.0  # OpenNMT's </s>
     save(directory / "model.pt", model, "v3")
-    loaded = load_checkpoint(convert(directory).save(directory / "quill"), device="cpu", dtype="float32")
+    loaded = load_checkpoint(convert(directory).save(directory / "quill"), device=str(TEST_DEVICE), dtype="float32")
 
     def functions(source):
         def attention_of(prefix):
@@ -61,7 +62,7 @@ def marian(tmp_path_factory):
         hf.final_logits_bias[0, hf.config.eos_token_id] += 6.0
     hf.save_pretrained(directory)
     hf.set_attn_implementation("eager")  # the one that returns its weights
-    loaded = load_checkpoint(directory, device="cpu", dtype="float32")
+    loaded = load_checkpoint(directory, device=str(TEST_DEVICE), dtype="float32")
     banned = loaded.banned_token_ids
 
     @torch.no_grad()
@@ -145,7 +146,8 @@ def test_a_model_without_attention_refuses_the_penalty(tmp_path):
     model = tiny_model(5, global_attention="none")
     (tmp_path / "onmt").mkdir()
     save(tmp_path / "onmt" / "model.pt", model, "v3")
-    loaded = load_checkpoint(convert(tmp_path / "onmt").save(tmp_path / "quill"), device="cpu", dtype="float32")
+    saved = convert(tmp_path / "onmt").save(tmp_path / "quill")
+    loaded = load_checkpoint(saved, device=str(TEST_DEVICE), dtype="float32")
     engine = EngineCore(loaded)
     params = SamplingParams(max_tokens=4, temperature=0, use_beam_search=True, beam_width=2, coverage_penalty=0.5)
     with pytest.raises(ValueError, match="coverage_penalty needs an encoder-decoder model whose decoder attends"):

@@ -12,6 +12,7 @@ from quill.models.text.tokenizer import Tokenizer
 from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.outputs import merge_outputs
 from quill.server.sampling import SamplingParams
+from tests.conftest import TEST_DEVICE
 from tests.seq2seq_models import VOCAB, load_quill_model, write_hf_model
 from tests.tiny_tokenizers import build_hf_tokenizer
 
@@ -23,12 +24,14 @@ EOS = 2
 def _engine(directory, family: str, banned: list[int] = (), bad_words: list[list[int]] = (),
             forced_eos: list[int] = (), **cache) -> tuple[EngineCore, object]:
     reference = write_hf_model(directory, family)
-    model = load_quill_model(directory)
+    model = load_quill_model(directory, TEST_DEVICE)
     eos = reference.config.eos_token_id
     loaded = LoadedModel(name=family, path=directory, architecture="seq2seq", model=model,
                          tokenizer=Tokenizer(build_hf_tokenizer(VOCAB), eos), eos_token_ids=[eos],
-                         device=torch.device("cpu"), dtype=torch.float32, banned_token_ids=list(banned),
+                         device=TEST_DEVICE, dtype=torch.float32, banned_token_ids=list(banned),
                          bad_words_ids=list(bad_words), forced_eos_token_ids=list(forced_eos))
+    if "cache_bytes" not in cache:  # not the default, 90% of a GPU, which parallel test workers share
+        cache.setdefault("num_blocks", 512)
     return EngineCore(loaded, EngineConfig(cache=CacheConfig(**cache))), reference
 
 
@@ -113,7 +116,8 @@ def test_forced_first_token_equals_forced_bos(tmp_path):
 def _greedy_answers(directory, family: str, sources: list[list[int]], max_tokens: int) -> list[list[int]]:
     free, reference = _engine(directory, family)
     for i, source in enumerate(sources):
-        free.add_request(f"g{i}", [reference.config.decoder_start_token_id], SamplingParams(max_tokens=max_tokens, temperature=0), encoder_token_ids=source)
+        free.add_request(f"g{i}", [reference.config.decoder_start_token_id],
+                         SamplingParams(max_tokens=max_tokens, temperature=0), encoder_token_ids=source)
     finals = _run(free)
     return [finals[f"g{i}"][0][0] for i in range(len(sources))]
 
