@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from quill.clients.request import completion_body
 
+from .client_pool import ClientPool
 from .workload import BenchRequest
 
 
@@ -72,7 +73,7 @@ def _error_message(response: httpx.Response) -> str:
         return response.text[:200]
 
 
-async def _send_streamed(http: httpx.AsyncClient, body: dict, result: RequestResult, t0: float) -> None:
+async def _send_streamed(http: ClientPool, body: dict, result: RequestResult, t0: float) -> None:
     last_chunk: dict[int, float] = {}
     async with http.stream("POST", "/v1/completions", json=body) as response:
         if response.status_code >= 400:
@@ -108,7 +109,7 @@ async def _send_streamed(http: httpx.AsyncClient, body: dict, result: RequestRes
             result.status, result.error = "stream_error", "the stream ended before [DONE]"
 
 
-async def _send_plain(http: httpx.AsyncClient, body: dict, result: RequestResult) -> None:
+async def _send_plain(http: ClientPool, body: dict, result: RequestResult) -> None:
     response = await http.post("/v1/completions", json=body)
     if response.status_code >= 400:
         result.status, result.error = str(response.status_code), _error_message(response)
@@ -120,7 +121,7 @@ async def _send_plain(http: httpx.AsyncClient, body: dict, result: RequestResult
     result.prompt_tokens, result.completion_tokens = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
 
 
-async def send(http: httpx.AsyncClient, request: BenchRequest, stream: bool, ignore_eos: bool, run_start: float,
+async def send(http: ClientPool, request: BenchRequest, stream: bool, ignore_eos: bool, run_start: float,
                into: dict[int, RequestResult]) -> RequestResult:
     """One request, timed from the moment it leaves; its result is in `into` from that moment on."""
     t0 = time.perf_counter()
@@ -146,9 +147,9 @@ async def send(http: httpx.AsyncClient, request: BenchRequest, stream: bool, ign
     return result
 
 
-def http_client(url: str, api_key: str | None, timeout: float) -> httpx.AsyncClient:
+def http_client(url: str, api_key: str | None, timeout: float) -> ClientPool:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.AsyncClient(
+    return ClientPool(
         base_url=url.rstrip("/"), headers=headers, timeout=httpx.Timeout(timeout, connect=10.0),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
     )
