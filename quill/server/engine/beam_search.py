@@ -85,9 +85,12 @@ class BeamSearch:
         # plain summed log-probabilities, what beams carry
         sums = [s + penalties[p] for s, p in zip(top_scores, parents)] if self.stepwise else top_scores
 
-        # The W best continuations that go on, ranked as the runner ranked them.
-        ranked = sorted(range(len(tokens)), key=lambda i: -(top_scores[i] + (NEG if ends[i] else 0.0)))
-        running = [(parents[i], tokens[i], sums[i] + (NEG if ends[i] else 0.0)) for i in ranked[: self.width]]
+        # The W best continuations that go on, ranked as the runner ranked them (in its order where none ends).
+        if any(ends):
+            ranked = sorted(range(len(tokens)), key=lambda i: -(top_scores[i] + (NEG if ends[i] else 0.0)))
+            running = [(parents[i], tokens[i], sums[i] + (NEG if ends[i] else 0.0)) for i in ranked[: self.width]]
+        else:
+            running = list(zip(parents[: self.width], tokens[: self.width], sums[: self.width]))
 
         # Those of the top W that end become hypotheses, unless the search has already settled.
         full = len(self.finished) >= self.width
@@ -135,12 +138,12 @@ class BeamSearch:
 
     def _update_can_improve(self, generated: int, earned: list[float]) -> None:
         """`earned`: each running beam's least final coverage penalty."""
+        if len(self.finished) < self.width:
+            return  # an empty hypothesis slot can always be filled
         if self.early_stopping == "never" and self.length_penalty > 0.0:
             best_length = self.max_tokens
         else:
             best_length = generated
         best_running = max(self._final(score, floor, best_length) for score, floor in zip(self.scores, earned))
-        if len(self.finished) < self.width:
-            return  # an empty hypothesis slot can always be filled
         worst = self.finished[-1].score
         self.can_improve = self.can_improve and best_running > worst

@@ -29,8 +29,12 @@ class OutputProcessor:
         self.forced_eos = forced_eos_token_ids[0] if forced_eos_token_ids else None
 
     def start(self, seq: Sequence) -> None:
-        """Give a new sequence its detokenizer and stop rules."""
+        """Give a new sequence its detokenizer and stop rules; not a beam forked from the prompt's sequence (beam
+        search answers from its finished hypotheses, `_collect_beams`; only tokens forced before the fork, a target
+        language, go through `append`), as beams fork at every step."""
         params = seq.group.params
+        if params.use_beam_search and seq.group.is_forked:
+            return
         seq.decoder = IncrementalDecoder(self.tokenizer, seq.token_ids[: seq.num_prompt_tokens], params.skip_special_tokens)
         seq.stop = StopChecker(params, self.eos_token_ids)
 
