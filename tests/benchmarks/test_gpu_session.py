@@ -55,3 +55,23 @@ def test_a_packed_session_leaves_its_files_in_one_archive(tmp_path):
         suite = ET.parse(archive.extractfile("./tests-custom.xml")).getroot().find("testsuite")
     assert {"tests-custom.log", "tests-custom.xml", "tests-summary.txt", "versions.txt"} <= names
     assert int(suite.get("tests")) > 0 and suite.get("failures") == suite.get("errors") == "0"
+
+
+def test_the_seq2seq_stage_leaves_its_table_and_deletes_its_models(tmp_path):
+    out = tmp_path / "gpu"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUILL_")} | dict(
+        OUT=str(out), DEVICE="cpu", DTYPE="float32", STAGES="seq2seq", PACK="1",
+        SEQ2SEQ_ARGS="--smoke --engines transformers,quill --beams 1",
+        PYTHON=sys.executable, WHEELS=str(tmp_path / "no-wheels"), BUDGET="200",
+    )
+    run = subprocess.run(["bash", "benchmarks/gpu_session.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=260)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["seq2seq.txt", "session.tar.gz", "versions.txt"]
+    table = (out / "seq2seq.txt").read_text()
+    assert table.startswith("Seq2seq benchmark (smoke)") and "same output, quill text vs transformers: 6 of 6" in table
+    with tarfile.open(out / "session.tar.gz") as archive:
+        names = archive.getnames()
+        results = json.load(archive.extractfile("./seq2seq.json"))
+    assert not any("seq2seq-models" in name for name in names)
+    assert results["quill"]["ran"] and results["offline"]["quill"]["1"]["tokens_per_s"] > 0
