@@ -154,7 +154,8 @@ if [[ " $STAGES " == *" bench "* ]]; then
     # shellcheck disable=SC2086  # PARTS and BENCH_ARGS are lists of words
     bounded "$SHAPE_TIMEOUT" "$OUT/gpu_bench-$shape.log" "$shape" \
       env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PYTHON" -m benchmarks.interruptible benchmarks.gpu_bench \
-      --device "$DEVICE" --dtype "$DTYPE" --shapes "$shape" ${PARTS:+--parts $PARTS} --no-progress --out "$OUT/gpu_bench-$shape.json" \
+      --device "$DEVICE" --dtype "$DTYPE" --shapes "$shape" ${PARTS:+--parts $PARTS} --no-progress \
+      --out "$OUT/gpu_bench-$shape.json" \
       --trace-dir "$OUT/traces" $BENCH_ARGS
     status+=("$shape: exit $?")
   done

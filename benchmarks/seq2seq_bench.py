@@ -111,7 +111,7 @@ def _offline_baselines(s: Seq2SeqSettings, engines, beams, threads, hf_dir, voca
         try:
             translator = runs.ctranslate2_translator(ensure_ctranslate2(hf_dir, log), threads, device, dtype)
             runs.ctranslate2_batch(translator, vocab, [vocab.to_pieces(sources[0])], 2, 1, 1)
-        except (RuntimeError, ValueError, OSError) as e:  # e.g. a CUDA library it was built against is missing
+        except (ImportError, RuntimeError, ValueError, OSError) as e:  # not installed, or a CUDA library it needs
             log(f"CTranslate2 cannot run on {device} in {dtype}: {e}")
             figures["ctranslate2"] = {b: {"error": f"CTranslate2 on {device}: {e}"} for b in beams}
             return figures, outputs, None
@@ -203,6 +203,9 @@ def run(s: Seq2SeqSettings, engines: list[str], beams: list[int], threads: int, 
         results["agreement"] = agreement(hf_dir, beams, outputs, texts)
         if online:
             if rates is None:
+                if "error" in figures["ctranslate2"][1]:
+                    raise RuntimeError("--online takes its rates from CTranslate2's offline greedy run, which did not "
+                                       f"run ({figures['ctranslate2'][1]['error']}): pass --rates")
                 greedy = figures["ctranslate2"][1]["sentences_per_s"]
                 rates = [round(f * greedy, 2) for f in s.rate_fractions]
             results["online"] = _online(s, rates, translator, vocab, url, log)

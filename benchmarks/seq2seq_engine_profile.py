@@ -43,7 +43,8 @@ def _run(engine: EngineCore, device: torch.device) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.seq2seq_engine_profile", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.seq2seq_engine_profile",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--shape", choices=SHAPES, default="tiny")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")

@@ -35,7 +35,8 @@ class OutputProcessor:
         params = seq.group.params
         if params.use_beam_search and seq.group.is_forked:
             return
-        seq.decoder = IncrementalDecoder(self.tokenizer, seq.token_ids[: seq.num_prompt_tokens], params.skip_special_tokens)
+        seq.decoder = IncrementalDecoder(self.tokenizer, seq.token_ids[: seq.num_prompt_tokens],
+                                         params.skip_special_tokens)
         seq.stop = StopChecker(params, self.eos_token_ids)
 
     def append(self, seq: Sequence, token: int, logprob: float, entry: TokenLogprob | None) -> None:
@@ -74,8 +75,8 @@ class OutputProcessor:
         """After a generated token (a token forced at admission, a target language, is followed by a step: a
         sequence may not end before it is scheduled), when the next is the last max_tokens allows."""
         params = seq.group.params
-        return (seq.num_computed > 0 and num_output_tokens + 1 == params.max_tokens and not params.ignore_eos and not params.use_beam_search
-                and params.min_tokens < params.max_tokens and params.structured is None)
+        return (seq.num_computed > 0 and num_output_tokens + 1 == params.max_tokens and not params.ignore_eos
+                and not params.use_beam_search and params.min_tokens < params.max_tokens and params.structured is None)
 
     def collect(self, group: SequenceGroup) -> tuple[RequestOutput | None, list[Sequence]]:
         """The request's delta since its last output (None if nothing new), and the sequences that finished
@@ -131,7 +132,8 @@ class OutputProcessor:
             group.request_id, outs, finished, len(group.prompt_token_ids),
             prompt_logprobs=group.prompt_logprobs if first else None,
             error=error,
-            queue_time=group.first_scheduled_time - group.arrival_time if first and group.first_scheduled_time else None,
+            queue_time=(group.first_scheduled_time - group.arrival_time
+                        if first and group.first_scheduled_time else None),
         )
         group.has_output = True
         return out
