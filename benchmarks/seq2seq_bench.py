@@ -10,7 +10,10 @@ CTranslate2, on the same weights, thread count and source token ids, side by sid
 1. Builds OPUS-MT en-de's shape (6+6 layers, d_model 512, 8 heads, ffn 2048, 58,101-token shared vocabulary,
    swish, static sinusoidal positions) with random weights as a Hugging Face directory with a sentencepiece
    tokenizer, and its CTranslate2 float32 conversion, both cached under --cache-dir (common/marian_shape.py).
-2. Draws 256 sources of 8-64 token ids (uniform, `</s>` included, last) from the tokenizer's trained pieces.
+2. Draws 256 sources of 8-64 token ids (uniform, `</s>` included, last) from the tokenizer's trained pieces, a set
+   of its own for each beam width (every engine translates the same set at that width): Quill keeps the encoder
+   outputs of sources it has seen for later requests, so a second width on the same sources would skip its
+   encoder, which the baselines never do. Its two warm-up requests are drawn apart too.
    Every engine generates exactly 32 new tokens per source (end token barred, never counted), float32, on
    --threads threads (torch.set_num_threads, CTranslate2's intra_threads, `quill serve --threads`).
 3. Offline, greedy and beam 4: transformers in static right-padded batches of 32 (torch.inference_mode);
@@ -102,28 +105,28 @@ def _offline_baselines(s: Seq2SeqSettings, engines, beams, threads, hf_dir, voca
     if "transformers" in engines:
         model = runs.load_transformers(hf_dir, device, getattr(torch, dtype))
         for b in beams:
-            log(f"transformers: {len(sources)} sources, beams {b}, static batches of {s.batch_size} ...")
-            run, outputs[("transformers", b)] = runs.transformers_offline(model, sources, s.new_tokens, b,
+            log(f"transformers: {len(sources[b])} sources, beams {b}, static batches of {s.batch_size} ...")
+            run, outputs[("transformers", b)] = runs.transformers_offline(model, sources[b], s.new_tokens, b,
                                                                           s.batch_size)
             figures.setdefault("transformers", {})[b] = run.to_dict(batch_size=s.batch_size)
         del model
     if "ctranslate2" in engines:
         try:
             translator = runs.ctranslate2_translator(ensure_ctranslate2(hf_dir, log), threads, device, dtype)
-            runs.ctranslate2_batch(translator, vocab, [vocab.to_pieces(sources[0])], 2, 1, 1)
+            runs.ctranslate2_batch(translator, vocab, [vocab.to_pieces(sources[beams[0]][0])], 2, 1, 1)
         except (ImportError, RuntimeError, ValueError, OSError) as e:  # not installed, or a CUDA library it needs
             log(f"CTranslate2 cannot run on {device} in {dtype}: {e}")
             figures["ctranslate2"] = {b: {"error": f"CTranslate2 on {device}: {e}"} for b in beams}
             return figures, outputs, None
         for b in beams:
-            log(f"CTranslate2: {len(sources)} sources, beams {b}, max_batch_size {s.batch_size} ...")
-            run, outputs[("ctranslate2", b)] = runs.ctranslate2_offline(translator, vocab, sources, s.new_tokens, b,
+            log(f"CTranslate2: {len(sources[b])} sources, beams {b}, max_batch_size {s.batch_size} ...")
+            run, outputs[("ctranslate2", b)] = runs.ctranslate2_offline(translator, vocab, sources[b], s.new_tokens, b,
                                                                         s.batch_size)
             figures.setdefault("ctranslate2", {})[b] = run.to_dict(batch_size=s.batch_size)
     return figures, outputs, translator
 
 
-def _quill_offline(s, stack, beams, threads, hf_dir, sources, quill_args, log, device="cpu", dtype="float32",
+def _quill_offline(s, stack, beams, threads, hf_dir, sources, warm, quill_args, log, device="cpu", dtype="float32",
                    ) -> tuple[dict, dict, str | None]:
     """(status, figures by beam width, URL or None)."""
     cache = qh.cache_bytes(s.concurrency, max(beams), s.source_lens[1], s.new_tokens, s.shape.decoder_layers,
@@ -136,9 +139,9 @@ def _quill_offline(s, stack, beams, threads, hf_dir, sources, quill_args, log, d
         return {"ran": False, "refused": e.refused, "reason": e.reason}, {}, None
     figures, texts = {}, {}
     for b in beams:
-        log(f"Quill: {len(sources)} sources over HTTP, beams {b}, {s.concurrency} in flight ...")
+        log(f"Quill: {len(sources[b])} sources over HTTP, beams {b}, {s.concurrency} in flight ...")
         try:
-            figures[b], texts[b] = qh.quill_offline(url, "marian", sources, s.new_tokens, b, s.concurrency)
+            figures[b], texts[b] = qh.quill_offline(url, "marian", sources[b], warm, s.new_tokens, b, s.concurrency)
         except qh.QuillUnavailable as e:
             log(f"Quill, beams {b}: {e.reason}; {output.tail()}")
             figures[b] = {"error": e.reason, "refused": e.refused}
@@ -180,20 +183,23 @@ def run(s: Seq2SeqSettings, engines: list[str], beams: list[int], threads: int, 
                                     "device": describe_device(torch.device(device))}
     hf_dir = ensure_marian(cache_dir, s.shape, log)
     vocab = Vocab.read(hf_dir)
-    sources = random_sources(vocab, s.sources, s.source_lens, s.seed)
+    sources = {b: random_sources(vocab, s.sources, s.source_lens, s.seed + 100 * (b - 1)) for b in beams}
+    warm = random_sources(vocab, 2, s.source_lens, s.seed + 50_000)
+    every = [source for b in beams for source in sources[b]]
     results = {"benchmark": "seq2seq_bench", "preset": s.name, "settings": asdict(s), "engines": engines,
                "beams": beams, "threads": threads, "machine": machine,
                "model": {"description": s.shape.describe(), "parameters": _parameters(hf_dir), "dtype": dtype,
                          "directory": str(hf_dir), "real_pieces": len(vocab.real)},
-               "workload": {"sources": len(sources), "source_tokens": sum(map(len, sources)),
-                            "source_lens": [min(map(len, sources)), max(map(len, sources))],
-                            "new_tokens": s.new_tokens, "generated_tokens_per_run": len(sources) * s.new_tokens}}
+               "workload": {"sources": s.sources, "source_tokens": {b: sum(map(len, sources[b])) for b in beams},
+                            "source_lens": [min(map(len, every)), max(map(len, every))],
+                            "new_tokens": s.new_tokens, "generated_tokens_per_run": s.sources * s.new_tokens}}
     with ExitStack() as stack:
         figures, outputs, translator = _offline_baselines(s, engines, beams, threads, hf_dir, vocab, sources, log,
                                                           device, dtype)
         url = None
         if "quill" in engines:
-            status, figures["quill"], url = _quill_offline(s, stack, beams, threads, hf_dir, sources, quill_args, log,
+            status, figures["quill"], url = _quill_offline(s, stack, beams, threads, hf_dir, sources, warm, quill_args,
+                                                           log,
                                                            device, dtype)
             texts = status.pop("texts", {})
             results["quill"] = status

@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--requests", type=int, default=256, help="requests, all added at once (default 256)")
     parser.add_argument("--beams", type=int, default=1, help="beam width, 1 for greedy (default 1)")
+    parser.add_argument("--max-num-seqs", type=int, help="sequences a step runs at most (default: every beam of "
+                                                         "every request at once)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "quill-seq2seq-bench")
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     hf_dir = ensure_marian(args.cache_dir, SHAPES[args.shape], print)
     loaded = load_checkpoint(hf_dir, device=args.device, dtype=args.dtype)
-    seqs = args.requests * args.beams
+    seqs = args.max_num_seqs or args.requests * args.beams
     engine = EngineCore(loaded, EngineConfig(scheduler=SchedulerConfig(max_num_seqs=seqs, max_queue=args.requests),
                                              cache=CacheConfig(cache_bytes=2 * 2**30)))
     sources = random_sources(Vocab.read(hf_dir), args.requests, (8, 64), 0)

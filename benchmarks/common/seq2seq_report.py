@@ -85,9 +85,9 @@ def _offline(results: dict) -> list[str]:
                         "quill": f"HTTP, {s['concurrency']} in flight"}[engine]
                 rows.append([engine, str(b), _num(f["tokens_per_s"]), _num(f["sentences_per_s"], 2),
                              _num(f["seconds"], 2), note])
-    lines = [f"Offline: {w['sources']} sources of {w['source_lens'][0]}-{w['source_lens'][1]} token ids (</s> "
-             f"included), {w['new_tokens']} new tokens each ({w['generated_tokens_per_run']:,} per run), "
-             f"{results['model']['dtype']}, {_where(results)}",
+    lines = [f"Offline: {w['sources']} sources (a set per beam width) of {w['source_lens'][0]}-{w['source_lens'][1]} "
+             f"token ids (</s> included), {w['new_tokens']} new tokens each ({w['generated_tokens_per_run']:,} per "
+             f"run), {results['model']['dtype']}, {_where(results)}",
              *table(["engine", "beams", "tokens/s", "sentences/s", "seconds", "note"], rows)]
     for b in results["beams"]:
         q, hf, ct = (off.get(e, {}).get(b) for e in ("quill", "transformers", "ctranslate2"))
