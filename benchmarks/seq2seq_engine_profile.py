@@ -1,5 +1,7 @@
-"""Where an encoder-decoder engine's time goes, in process (no HTTP): the seq2seq benchmark's Marian shape, a batch
-of translation requests run to the end twice (the first warms up), every step timed, the second run under cProfile.
+"""Where an encoder-decoder engine's time goes, in process (no HTTP): the seq2seq benchmark's Marian shape, two
+batches of translation requests on different sources run to the end one after the other (the first warms up; the
+engine keeps encoder outputs for sources it sees again, which would skip the second's encoder), every step timed,
+the second under cProfile.
 
     python -m benchmarks.seq2seq_engine_profile                                   # CPU, float32, the tiny Marian
     python -m benchmarks.seq2seq_engine_profile --shape opus --device cuda --dtype bfloat16 --requests 256
@@ -64,24 +66,29 @@ def main(argv: list[str] | None = None) -> None:
     seqs = args.max_num_seqs or args.requests * args.beams
     engine = EngineCore(loaded, EngineConfig(scheduler=SchedulerConfig(max_num_seqs=seqs, max_queue=args.requests),
                                              cache=CacheConfig(cache_bytes=2 * 2**30)))
-    sources = random_sources(Vocab.read(hf_dir), args.requests, (8, 64), 0)
+    vocab = Vocab.read(hf_dir)
+    # other sources for the warm-up: the engine keeps the encoder outputs of sources it has seen
+    warm, timed = (random_sources(vocab, args.requests, (8, 64), seed) for seed in (1, 0))
     start_token = loaded.model.config.decoder_start_token_id
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True,
                             use_beam_search=args.beams > 1, beam_width=args.beams)
 
-    def add(tag: str) -> None:
+    def add(tag: str, sources: list[list[int]]) -> None:
         for i, source in enumerate(sources):
             engine.add_request(f"{tag}{i}", [start_token], params, encoder_token_ids=source)
 
-    add("warm-up ")
+    add("warm-up ", warm)
     _run(engine, device)
-    add("")
+    hits = engine.cache.encoder.hits
+    add("", timed)
     profile = cProfile.Profile()
     began = time.perf_counter()
     profile.enable()
     times = _run(engine, device)
     profile.disable()
     seconds = time.perf_counter() - began
+    if engine.cache.encoder.hits != hits:
+        raise RuntimeError("a timed source reused an encoder output: the figures would skip its encoder")
     print(f"{args.shape} on {device} in {args.dtype}: {args.requests} requests, beams {args.beams}, "
           f"{args.new_tokens} new tokens each")
     print(f"{len(times)} steps in {seconds:.2f} s (under cProfile): median {statistics.median(times) * 1e3:.1f} ms, "
