@@ -56,10 +56,13 @@ def reference_beam(next_logprobs: NextLogprobs, start: int, max_tokens: int, eos
         beams = [beams[parent] + [token] for parent, token, _ in step.running]
 
 
-def engine_outputs(loaded, requests: dict[str, tuple[list[int], SamplingParams]], **cache) -> dict:
-    """Every request (id -> (source ids, params)) at once through an engine over `loaded`, to its end: request id ->
-    [(token ids, score)] by output index."""
-    return run_to_end(EngineCore(loaded, EngineConfig(cache=CacheConfig(**cache))), requests)
+def engine_outputs(loaded, requests: dict[str, tuple[list[int], SamplingParams]], graph_capture=None,
+                   **cache) -> dict:
+    """Every request (id -> (source ids, params)) at once through an engine over `loaded` (its decode steps
+    replayed through `graph_capture` where one is given), to its end: request id -> [(token ids, score)] by output
+    index."""
+    return run_to_end(EngineCore(loaded, EngineConfig(cache=CacheConfig(**cache)), graph_capture=graph_capture),
+                      requests)
 
 
 def run_to_end(core: EngineCore, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict:
@@ -80,7 +83,7 @@ def run_to_end(core: EngineCore, requests: dict[str, tuple[list[int], SamplingPa
 
 
 def check_against_reference(loaded, sources: list[list[int]], next_logprobs_of: Callable[[list[int]], NextLogprobs],
-                            max_tokens: int = 10, width: int = 3, n: int = 2, **cache) -> None:
+                            max_tokens: int = 10, width: int = 3, n: int = 2, graph_capture=None, **cache) -> None:
     """Greedy and beam answers for `sources`, all in one busy engine, equal the reference's for each source alone.
     `next_logprobs_of(source)`: the reference's next-token function for that source."""
     eos = loaded.eos_token_ids[0]
@@ -91,7 +94,7 @@ def check_against_reference(loaded, sources: list[list[int]], next_logprobs_of: 
     for i, source in enumerate(sources):
         requests[f"greedy{i}"] = (source, greedy)
         requests[f"beam{i}"] = (source, beam)
-    got = engine_outputs(loaded, requests, **cache)
+    got = engine_outputs(loaded, requests, graph_capture, **cache)
     for i, source in enumerate(sources):
         step = next_logprobs_of(source)
         assert got[f"greedy{i}"][0][0] == reference_greedy(step, start, max_tokens, eos), f"greedy, source {i}"

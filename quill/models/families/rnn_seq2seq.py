@@ -135,6 +135,8 @@ class GlobalAttention(nn.Module):
 class RNNSeq2Seq(nn.Module):
     state_kind = EncoderDecoderState.kind
     is_encoder_decoder = True
+    # its attention trims the blocks it reads to the step's longest source, a size read on the host: no CUDA graphs
+    captures_decode_graphs = False
     layer_ops: LayerOps = TORCH_OPS  # the loader's choice: how the generator multiplies (oneDNN on the CPU)
 
     def __init__(self, config: RNNSeq2SeqConfig):

@@ -107,8 +107,9 @@ class EngineCore:
             if warm_attention_variants(model, cache_cfg.block_size):
                 log.info("%s: attention kernels compiled for every query tile size in %.2fs", loaded.name,
                          time.perf_counter() - start)
-        if self.config.enforce_eager or getattr(model, "is_encoder_decoder", False) or self.config.parallel.size > 1:
-            graph_capture = None  # encoder-decoder and tensor-parallel decode steps run eagerly (not yet captured)
+        if (self.config.enforce_eager or self.config.parallel.size > 1
+                or not getattr(model, "captures_decode_graphs", True)):
+            graph_capture = None  # tensor-parallel decode steps (and a model that says so) run eagerly
         elif graph_capture is None and loaded.device.type == "cuda":
             graph_capture = CudaGraphs(loaded.device)
         graph_sizes = []

@@ -13,6 +13,7 @@ from quill.server.engine.core import CacheConfig, EngineConfig, EngineCore
 from quill.server.engine.outputs import merge_outputs
 from quill.server.sampling import SamplingParams
 from tests.conftest import TEST_DEVICE
+from tests.server.engine.test_graphs import graph_capture, record_replays
 from tests.seq2seq_models import VOCAB, load_quill_model, write_hf_model
 from tests.tiny_tokenizers import build_hf_tokenizer
 
@@ -22,7 +23,9 @@ EOS = 2
 
 
 def _engine(directory, family: str, banned: list[int] = (), bad_words: list[list[int]] = (),
-            forced_eos: list[int] = (), **cache) -> tuple[EngineCore, object]:
+            forced_eos: list[int] = (), graphs: bool | None = None, **cache) -> tuple[EngineCore, object]:
+    """`graphs`: decode steps replayed as graphs (True: CUDA's, emulated on a CPU), eager (False), or the
+    device's default (None: graphs on CUDA)."""
     reference = write_hf_model(directory, family)
     model = load_quill_model(directory, TEST_DEVICE)
     eos = reference.config.eos_token_id
@@ -32,13 +35,18 @@ def _engine(directory, family: str, banned: list[int] = (), bad_words: list[list
                          bad_words_ids=list(bad_words), forced_eos_token_ids=list(forced_eos))
     if "cache_bytes" not in cache:  # not the default, 90% of a GPU, which parallel test workers share
         cache.setdefault("num_blocks", 512)
-    return EngineCore(loaded, EngineConfig(cache=CacheConfig(**cache))), reference
+    config = EngineConfig(cache=CacheConfig(**cache), enforce_eager=graphs is False)
+    return EngineCore(loaded, config, graph_capture=graph_capture(TEST_DEVICE) if graphs else None), reference
 
 
-def _run(engine: EngineCore) -> dict:
-    """Every request to its end: request id -> {output index: (token ids, cumulative log-prob, score)}."""
-    tokens, finals = {}, {}
-    while engine.has_work():
+def _run(engine: EngineCore, later: dict[int, list[tuple]] | None = None) -> dict:
+    """Every request to its end: request id -> {output index: (token ids, cumulative log-prob, score)}. `later`:
+    step number -> add_request arguments of requests that arrive before it."""
+    tokens, finals, later, steps = {}, {}, dict(later or {}), 0
+    while engine.has_work() or later:
+        for args in later.pop(steps, []):
+            engine.add_request(*args[:3], encoder_token_ids=args[3])
+        steps += 1
         for out in engine.step():
             assert out.error is None
             for o in out.outputs:
@@ -90,6 +98,31 @@ def test_busy_batch_equals_transformers(tmp_path, family):
             assert [got[j][0] for j in range(len(expected))] == expected, (kind, i)
             if scores is not None:  # n-best with their length-penalised scores
                 assert [got[j][2] for j in range(len(scores))] == pytest.approx(scores, abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ["marian", "t5-gated", "m2m_100"])
+def test_decode_steps_replayed_as_graphs_equal_eager_steps(tmp_path, family):
+    """Encoder-decoder decode steps are captured as graphs as the decoder-only models' are (the cross-attention's
+    blocks and source lengths read from the table's rows in the bucket's buffers): greedy, seeded sampling and beam
+    answers equal eager steps', beside requests still encoding."""
+    answers, replayed = {}, None
+    for graphs in (False, True):
+        engine, reference = _engine(tmp_path / str(graphs), family, graphs=graphs, block_size=4)
+        seen = record_replays(engine) if graphs else None
+        start = reference.config.decoder_start_token_id
+        kinds = [SamplingParams(max_tokens=10, temperature=0),
+                 SamplingParams(max_tokens=9, temperature=0.8, top_p=0.9, seed=5),
+                 SamplingParams(max_tokens=8, temperature=0, use_beam_search=True, beam_width=3, n=2)]
+        arrivals = {}
+        for i, source in enumerate(_sources(6)):  # the last three arrive while the first three decode
+            arrivals.setdefault(0 if i < 3 else 2, []).append((f"r{i}", [start], kinds[i % 3], source))
+        answers[graphs], replayed = _run(engine, arrivals), seen
+    assert replayed and any(real < size for real, size in replayed)  # replays, padding rows among them
+    for request, outs in answers[False].items():
+        for index, (tokens, logprob, score) in outs.items():
+            got = answers[True][request][index]
+            assert got[0] == tokens, (request, index)
+            assert got[1] == pytest.approx(logprob, abs=1e-4)
 
 
 def test_forced_first_token_equals_forced_bos(tmp_path):
