@@ -24,7 +24,7 @@ import os
 log = logging.getLogger("quill.engine")
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # mallopt's parameters (malloc.h)
-MMAP_THRESHOLD = 32 << 20  # the largest glibc takes on 64-bit systems: bigger blocks are still mapped apart
+MMAP_THRESHOLD = 32 << 20  # the largest glibc takes on 64-bit systems (where M_MMAP_MAX 0 is refused, it still counts)
 TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes an int: the largest, 2 GiB
 ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_")
 
