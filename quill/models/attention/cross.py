@@ -5,7 +5,9 @@ The encoder runs once per request and writes every decoder layer's cross-attenti
 blocks, listed in its row of the step's `cross_tables` with the source's length in `cross_lens`. Nothing is ever
 written here during a decoder step, and no query is causal to the source: every packed decoder token attends to
 all of its sequence's source keys. So each token is one row of a paged decode, whatever its sequence's query
-length: the CPU kernel (cpu_kernel.py) reads the blocks in place; elsewhere the rows' blocks are gathered and
+length: the CPU kernel (cpu_kernel.py) reads the blocks in place, as does the Triton kernel (triton_kernel.py: each
+token a sequence of its own at its source's last position, so every source key is visible and no other is read);
+elsewhere the rows' blocks are gathered at the table's full width (the longest source the model takes) and
 attended with masked SDPA.
 """
 
@@ -23,22 +25,23 @@ from .cpu_kernel import kernel
 class CrossAttention:
     """A step's cross-attention metadata, built once and shared by the decoder's layers."""
 
-    def __init__(self, batch: StepBatch, block_size: int, scale: float, use_kernel: bool):
+    def __init__(self, batch: StepBatch, block_size: int, scale: float, kernel: str | None):
         rows = batch.seq_of_token  # one query row per packed token
         self.tables = batch.cross_tables if batch.max_query_len == 1 else batch.cross_tables[rows]
         self.lens = batch.cross_lens if batch.max_query_len == 1 else batch.cross_lens[rows]
         self.block_size = block_size
         self.scale = scale
-        self.use_kernel = use_kernel
+        self.kernel = kernel  # "cpu", "triton", or None: gathered blocks and masked SDPA
         self.alignment: torch.Tensor | None = None  # (T, keys) summed over the layers that were asked to align
         self.num_aligned = 0
 
     @classmethod
     def build(cls, batch: StepBatch, block_size: int, scale: float, self_attention: str,
               dtype: torch.dtype) -> "CrossAttention":
-        """`self_attention`: the name of the backend the decoder's self-attention runs on; the CPU kernel reads
-        the encoder blocks too where it reads the decoder's (float32 only)."""
-        return cls(batch, block_size, scale, self_attention == "cpu" and dtype == torch.float32)
+        """`self_attention`: the name of the backend the decoder's self-attention runs on; its paged kernel reads
+        the encoder blocks too where it reads the decoder's (the CPU's: float32 only)."""
+        kernel = {"cpu": "cpu" if dtype == torch.float32 else None, "triton": "triton"}.get(self_attention)
+        return cls(batch, block_size, scale, kernel)
 
     @cached_property
     def mask(self) -> torch.Tensor:
@@ -53,13 +56,25 @@ class CrossAttention:
         heads, to `alignment`."""
         if align:
             self._align(q, k_cache)
-        if self.use_kernel:
+        if self.kernel == "cpu":
             return kernel().paged_decode_attention(q, k_cache, v_cache, self.tables, self.lens, self.scale).flatten(1)
+        if self.kernel == "triton":
+            return self._triton(q, k_cache, v_cache).flatten(1)
         k = k_cache[self.tables].flatten(1, 2)  # (T, width * block_size, H, hd)
         v = v_cache[self.tables].flatten(1, 2)
         out = F.scaled_dot_product_attention(q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
                                              attn_mask=self.mask[:, None, None, :], scale=self.scale)  # (T, H, 1, hd)
         return out.flatten(1)
+
+    def _triton(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Every token a sequence of one query at its source's last row: made on the device, capturable."""
+        from .triton_kernel import paged_attention  # imported late: see that module's note on TRITON_INTERPRET
+
+        tokens = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+        # no row past the table (a graph's padding rows carry a length that points nowhere)
+        last = self.lens.clamp(max=self.tables.shape[1] * self.block_size).to(torch.int32) - 1
+        return paged_attention(q, k_cache, v_cache, last, self.tables, tokens, tokens[:-1],
+                               torch.zeros_like(tokens[:-1]), block_q=1, scale=self.scale)
 
     def _align(self, q: torch.Tensor, k_cache: torch.Tensor) -> None:
         """The weights the attention gives each source row, recomputed apart (the kernels return none): only steps

@@ -103,11 +103,13 @@ def _paged_attention(
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
                     block_tables: torch.Tensor, seq_starts: torch.Tensor, tile_seqs: torch.Tensor,
-                    tile_starts: torch.Tensor, block_q: int, tile_n: int = 32) -> torch.Tensor:
+                    tile_starts: torch.Tensor, block_q: int, tile_n: int = 32,
+                    scale: float | None = None) -> torch.Tensor:
     """q (T, H, hd); k_cache, v_cache (num_blocks, block_size, KVH, hd) -> out (T, H, hd).
 
     The tiles (`tile_seqs`, `tile_starts`, each query tile's sequence and first query) cut every
     sequence's new tokens into runs of at most `block_q`; `seq_starts` (B + 1,) are the packed offsets.
+    `scale`: the softmax's (None: 1 / sqrt(hd)).
     """
     num_tokens, num_heads, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
@@ -121,7 +123,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     grid = (tile_seqs.shape[0], num_kv_heads)
     _paged_attention[grid](
         q, k_cache, v_cache, out, positions, block_tables, seq_starts, tile_seqs, tile_starts,
-        LOG2_E / head_dim**0.5,
+        LOG2_E * (head_dim**-0.5 if scale is None else scale),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

@@ -104,7 +104,9 @@ def test_busy_batch_equals_transformers(tmp_path, family):
 def test_decode_steps_replayed_as_graphs_equal_eager_steps(tmp_path, family):
     """Encoder-decoder decode steps are captured as graphs as the decoder-only models' are (the cross-attention's
     blocks and source lengths read from the table's rows in the bucket's buffers): greedy, seeded sampling and beam
-    answers equal eager steps', beside requests still encoding."""
+    answers equal eager steps', beside requests still encoding (on a GPU through the Triton kernel, which reads
+    the encoder's blocks in place; its interpreter on a CPU takes minutes for this, so test_seq2seq.py checks that
+    kernel's cross-attention there)."""
     answers, replayed = {}, None
     for graphs in (False, True):
         engine, reference = _engine(tmp_path / str(graphs), family, graphs=graphs, block_size=4)
