@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from quill.models.batch import StepBatch
+from tests.conftest import KERNEL_DEVICE
 from tests.seq2seq_models import VOCAB, load_quill_model, write_hf_model
 
 pytest.importorskip("transformers")
@@ -15,18 +16,21 @@ FAMILIES = ["marian", "bart", "mbart", "m2m_100", "fsmt", "t5", "t5-gated", "mt5
 
 
 def _step(model, state, tokens: list[int], start: int, source_len: int, tables) -> torch.Tensor:
-    batch = StepBatch.build([tokens], [start], block_tables=[[5, 6]], logits="all")
-    batch.cross_tables, batch.cross_lens = torch.tensor([tables]), torch.tensor([source_len])
-    return model.step(batch, state)
+    device = model.embed.weight.device
+    batch = StepBatch.build([tokens], [start], block_tables=[[5, 6]], logits="all", device=device)
+    batch.cross_tables = torch.tensor([tables], device=device)
+    batch.cross_lens = torch.tensor([source_len], device=device)
+    return model.step(batch, state).cpu()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("attention_backend", ["sdpa", "cpu", "triton"])  # triton: in its interpreter on a CPU
+@pytest.mark.parametrize("attention_backend", ["sdpa", "cpu", "triton"])
 def test_logits_equal_transformers(tmp_path, family, attention_backend):
+    """triton: on the GPU where there is one, else in the Triton interpreter on the CPU."""
     if attention_backend == "triton":
         pytest.importorskip("triton", reason="needs the triton package (the test extra installs it on Linux x86-64)")
     reference = write_hf_model(tmp_path, family)
-    model = load_quill_model(tmp_path)
+    model = load_quill_model(tmp_path, KERNEL_DEVICE if attention_backend == "triton" else torch.device("cpu"))
     torch.manual_seed(1)
     source = torch.randint(3, VOCAB - 20, (9,)).tolist()  # within every family's source vocabulary
     target = [model.config.decoder_start_token_id] + torch.randint(2, VOCAB, (6,)).tolist()
