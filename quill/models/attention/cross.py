@@ -66,15 +66,21 @@ class CrossAttention:
                                              attn_mask=self.mask[:, None, None, :], scale=self.scale)  # (T, H, 1, hd)
         return out.flatten(1)
 
-    def _triton(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """Every token a sequence of one query at its source's last row: made on the device, capturable."""
-        from .triton_kernel import paged_attention  # imported late: see that module's note on TRITON_INTERPRET
-
-        tokens = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    @cached_property
+    def _triton_tiles(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(each token's source's last row, sequence starts, tile starts) for the Triton kernel, once a step for every
+        layer: every token a sequence of one query at its source's last row. Made on the device: capturable."""
+        tokens = torch.arange(self.lens.shape[0] + 1, dtype=torch.int32, device=self.lens.device)
         # no row past the table (a graph's padding rows carry a length that points nowhere)
         last = self.lens.clamp(max=self.tables.shape[1] * self.block_size).to(torch.int32) - 1
-        return paged_attention(q, k_cache, v_cache, last, self.tables, tokens, tokens[:-1],
-                               torch.zeros_like(tokens[:-1]), block_q=1, scale=self.scale)
+        return last, tokens, torch.zeros_like(tokens[:-1])
+
+    def _triton(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        from .triton_kernel import paged_attention  # imported late: see that module's note on TRITON_INTERPRET
+
+        last, tokens, starts = self._triton_tiles
+        return paged_attention(q, k_cache, v_cache, last, self.tables, tokens, tokens[:-1], starts, block_q=1,
+                               scale=self.scale)
 
     def _align(self, q: torch.Tensor, k_cache: torch.Tensor) -> None:
         """The weights the attention gives each source row, recomputed apart (the kernels return none): only steps
