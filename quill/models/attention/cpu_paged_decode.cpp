@@ -25,6 +25,14 @@ constexpr int64_t AHEAD = 8;
 
 static inline float widen(float x) { return x; }
 
+// float32 to bfloat16, rounding to nearest even (the scores of a softmax row are finite)
+static inline void narrow(float x, float* out) { *out = x; }
+static inline void narrow(float x, uint16_t* out) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  *out = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
 // e^x for x <= 0 (softmax's shifted scores): 2^n * 2^f, 2^f by a degree-6 polynomial on [-0.5, 0.5]; ~2 ulp, in
 // plain arithmetic the compiler vectorises (std::exp stays a scalar call)
 static inline float exp_nonpositive(float x) {
@@ -53,11 +61,11 @@ static inline float widen(uint16_t x) {
   return f;
 }
 
-// q (B, H, D) float32; K, V (N, S, KVH, D) contiguous caches; T (B, W) block tables; L (B,) keys each sequence
-// attends to (its position + 1); O (B, H, D) float32: softmax(q k^T * scale) v per head, grouped-query heads sharing
+// q (B, H, D), K, V (N, S, KVH, D) contiguous, in one dtype; T (B, W) block tables; L (B,) keys each sequence
+// attends to (its position + 1); O (B, H, D) in that dtype: softmax(q k^T * scale) v per head, grouped-query heads sharing
 // their K,V head.
 template <typename T_>
-static void attend(const float* Q, const T_* K, const T_* V, const int64_t* T, const int64_t* L, float* O,
+static void attend(const T_* Q, const T_* K, const T_* V, const int64_t* T, const int64_t* L, T_* O,
                    int64_t B, int64_t H, int64_t D, int64_t S, int64_t KVH, int64_t W, double scale) {
   const int64_t G = H / KVH, token_stride = KVH * D, block_stride = S * KVH * D;
   const float s = static_cast<float>(scale);
@@ -69,11 +77,13 @@ static void attend(const float* Q, const T_* K, const T_* V, const int64_t* T, c
   const int64_t items = B * shares;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min(threads, items), 1, [&](int64_t, int64_t) {
-    std::vector<float> scores, acc;
+    std::vector<float> qf, scores, acc;
     for (int64_t i = next++; i < items; i = next++) {
       const int64_t b = i / shares, g0 = (i % shares) * share_heads, g1 = std::min(KVH, g0 + share_heads);
       const int64_t h0 = g0 * G, heads = (g1 - g0) * G, len = std::min(L[b], W * S);
-      const float* qb = Q + (b * H + h0) * D;
+      qf.resize(heads * D);  // the item's queries, widened once
+      for (int64_t j = 0; j < heads * D; ++j) qf[j] = widen(Q[(b * H + h0) * D + j]);
+      const float* qb = qf.data();
       scores.resize(heads * len);
       // token t's K or V heads g0..g1 (heads sharing a K,V head are walked beside it: no division per head)
       const int64_t row_bytes = (g1 - g0) * D * static_cast<int64_t>(sizeof(T_));
@@ -123,39 +133,37 @@ static void attend(const float* Q, const T_* K, const T_* V, const int64_t* T, c
           }
         }
       }
-      std::copy(acc.begin(), acc.end(), O + (b * H + h0) * D);
+      for (int64_t j = 0; j < heads * D; ++j) narrow(acc[j], O + (b * H + h0) * D + j);
     }
   });
 }
 
 // q (B, H, D); k_cache, v_cache (N, S, KVH, D) contiguous, float32 or bfloat16 alike; tables (B, W) int64; lengths
-// (B,) int64. Returns (B, H, D) in q's dtype.
+// (B,) int64. Returns (B, H, D) in the caches' dtype (q is taken in it).
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor tables, torch::Tensor lengths, double scale) {
   const auto kind = k_cache.scalar_type();
   TORCH_CHECK((kind == torch::kFloat || kind == torch::kBFloat16) && v_cache.scalar_type() == kind,
               "float32 or bfloat16 caches only");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "the cache must be contiguous");
-  const auto q32 = q.to(torch::kFloat).contiguous();
+  q = q.to(kind).contiguous();  // in the cache's dtype, as the model's own queries are
   tables = tables.contiguous();
   lengths = lengths.contiguous();
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t S = k_cache.size(1), KVH = k_cache.size(2), W = tables.size(1);
   TORCH_CHECK(H % KVH == 0 && k_cache.size(3) == D, "query and cache heads do not match");
-  auto out = torch::empty_like(q32);
-  if (B == 0) return out.to(q.scalar_type());
-  const float* Q = q32.data_ptr<float>();
+  auto out = torch::empty_like(q);
+  if (B == 0) return out;
   const int64_t* T = tables.data_ptr<int64_t>();
   const int64_t* L = lengths.data_ptr<int64_t>();
   if (kind == torch::kFloat) {
-    attend(Q, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), T, L, out.data_ptr<float>(), B, H, D, S, KVH, W,
-           scale);
+    attend(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), T, L, out.data_ptr<float>(),
+           B, H, D, S, KVH, W, scale);
   } else {
-    attend(Q, reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>()),
-           reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::BFloat16>()), T, L, out.data_ptr<float>(), B, H, D,
-           S, KVH, W, scale);
+    const auto bits = [](torch::Tensor& x) { return reinterpret_cast<uint16_t*>(x.data_ptr<at::BFloat16>()); };
+    attend<uint16_t>(bits(q), bits(k_cache), bits(v_cache), T, L, bits(out), B, H, D, S, KVH, W, scale);
   }
-  return out.to(q.scalar_type());
+  return out;
 }
 
 // The GIL is let go while the kernel runs, so that the server's HTTP thread answers meanwhile.

@@ -85,7 +85,14 @@ def exponential_race(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         noise[row].exponential_(generator=generator)
     # A zero draw would make 0 / 0 = NaN on a masked token, and argmax picks NaN.
     noise.clamp_(min=torch.finfo(noise.dtype).tiny)
-    return (probs / noise).argmax(dim=-1)
+    return greedy_ids(probs / noise)
+
+
+def greedy_ids(scores: torch.Tensor) -> torch.Tensor:
+    """(B, V) -> (B,) each row's first highest entry. `max` rather than `argmax`: on the CPU PyTorch's argmax is
+    1.5-2.7x slower over a decode step's logits (35 x 32,000: 1.3 against 0.8 ms in float32, 2.7 against 1.0 in
+    bfloat16); both return the first of tied maxima."""
+    return scores.max(dim=-1).indices
 
 
 @torch.inference_mode()
@@ -93,11 +100,11 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     """(B, V) logits, one row per sequence -> one token per sequence. `logits` is not modified."""
     processed = process_logits(logits, batch)
     if batch.all_greedy:
-        token_ids = processed.argmax(dim=-1)
+        token_ids = greedy_ids(processed)
     else:
         token_ids = exponential_race(processed.softmax(dim=-1), batch)
         if batch.any_greedy:
-            token_ids = torch.where(batch.is_greedy, processed.argmax(dim=-1), token_ids)
+            token_ids = torch.where(batch.is_greedy, greedy_ids(processed), token_ids)
     if not batch.needs_logprobs:
         return SamplerOutput(token_ids=token_ids, logprobs=None, top_logprobs=None, top_ids=None)
     # Log-probabilities come from the raw model distribution (vLLM's default), not the processed one,

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from quill.models.batch import StepBatch
 from quill.models.kernels import TORCH_OPS, select_layer_ops
+from quill.models.kernels.narrow_weights import cpu_has_bf16
 from quill.models.kernels.onednn_ops import OneDnnLayerOps
 from tests.conftest import build_tiny_model, torch_threads
 
@@ -86,6 +87,20 @@ def test_inputs_of_many_rows_keep_f_linear():
         assert not ops.is_packed(weight)
         ops.linear(x[:PACKED_MAX_ROWS], weight, None)
         assert ops.is_packed(weight)
+
+
+@pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no bfloat16 arithmetic, so oneDNN packs no bfloat16")
+def test_bfloat16_inputs_go_the_packed_way_at_any_row_count():
+    """Where oneDNN computes in bfloat16 its packed product beats F.linear at every row count: prompt chunks
+    too, on one thread too; the answer is F.linear's but for bfloat16's rounding of the accumulated sums."""
+    from quill.models.kernels.onednn_ops import PACKED_MAX_ROWS
+
+    ops = OneDnnLayerOps()
+    weight, x = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(4 * PACKED_MAX_ROWS, 32, dtype=torch.bfloat16)
+    with torch.inference_mode(), torch_threads(1):
+        out = ops.linear(x, weight, None)
+        assert ops.is_packed(weight) and out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), F.linear(x.float(), weight.float()), atol=0.1, rtol=0.02)
 
 
 def test_wide_output_layers_go_the_packed_way_for_more_rows():
