@@ -62,8 +62,8 @@ static inline float widen(uint16_t x) {
 }
 
 // q (B, H, D), K, V (N, S, KVH, D) contiguous, in one dtype; T (B, W) block tables; L (B,) keys each sequence
-// attends to (its position + 1); O (B, H, D) in that dtype: softmax(q k^T * scale) v per head, grouped-query heads sharing
-// their K,V head.
+// attends to (its position + 1); O (B, H, D) in that dtype: softmax(q k^T * scale) v per head, grouped-query heads
+// sharing their K,V head.
 template <typename T_>
 static void attend(const T_* Q, const T_* K, const T_* V, const int64_t* T, const int64_t* L, T_* O,
                    int64_t B, int64_t H, int64_t D, int64_t S, int64_t KVH, int64_t W, double scale) {
