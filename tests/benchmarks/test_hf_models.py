@@ -20,7 +20,8 @@ def test_our_transformers_rebuild_as_their_transformers_class(key, hf_class, tin
         for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
-    loaded = load_checkpoint(save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32), device="cpu")
+    path = save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32)
+    loaded = load_checkpoint(path, device="cpu", dtype="float32")  # `auto` may pick bfloat16 on this CPU
     hf, how = hf_model_for(loaded)
     assert type(hf).__name__ == hf_class and "rebuilt" in how
     assert max_logit_difference(loaded, hf, length=20) < 1e-4
@@ -28,6 +29,7 @@ def test_our_transformers_rebuild_as_their_transformers_class(key, hf_class, tin
 
 def test_a_recurrent_model_has_no_transformers_twin(tiny_tokenizer, tmp_path):
     arch, model = build_tiny_model("lstm", tiny_tokenizer.vocab_size)
-    loaded = load_checkpoint(save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32), device="cpu")
+    path = save_checkpoint(tmp_path, arch, model, tiny_tokenizer, dtype=torch.float32)
+    loaded = load_checkpoint(path, device="cpu", dtype="float32")  # `auto` may pick bfloat16 on this CPU
     with pytest.raises(ValueError, match="transformers has no class for this lstm"):
         hf_model_for(loaded)

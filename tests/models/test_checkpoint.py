@@ -138,3 +138,19 @@ def test_a_float32_model_on_cuda_turns_cudnn_tf32_off(monkeypatch):
     assert torch.backends.cudnn.allow_tf32
     keep_float32_exact(torch.device("cuda", 0), torch.float32)
     assert not torch.backends.cudnn.allow_tf32
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+@pytest.mark.parametrize("key, picks_bf16", [("transformer-gpt2", True), ("lstm", False), ("gcnn", False)])
+def test_auto_on_the_cpu_picks_bfloat16_for_transformers_where_the_cpu_computes_in_it(
+        tmp_path, monkeypatch, key, picks_bf16, has_bf16):
+    """As vLLM does, and measured to pay (docs/performance.md); families not measured there stay float32."""
+    from quill.models.kernels import narrow_weights
+    from quill.models.loading import checkpoint
+
+    for module in (checkpoint, narrow_weights):  # the choice, and whether bfloat16 weights are then narrowed
+        monkeypatch.setattr(module, "cpu_has_bf16", lambda: has_bf16)
+    write_checkpoint(tmp_path, key)
+    loaded = load_checkpoint(tmp_path, device="cpu", dtype="auto")
+    assert loaded.dtype == (torch.bfloat16 if picks_bf16 and has_bf16 else torch.float32)
+    assert load_checkpoint(tmp_path, device="cpu", dtype="float32").dtype == torch.float32
