@@ -67,11 +67,11 @@ class OneDnnLayerOps(TorchLayerOps):
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, *FUSED_ACTIVATIONS[activation])
 
     def _packed_for(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-        """The packed weight where `x` goes the packed way: the weight's dtype, no gradients, and in float32 few
-        rows and on one thread a wide output."""
+        """The packed weight where `x` goes the packed way: the weight's dtype and no gradients; outside bfloat16
+        also few rows, and on one thread a wide output (limits measured in float32)."""
         if x.dtype != weight.dtype or torch.is_grad_enabled():
             return None
-        if x.dtype == torch.float32:
+        if x.dtype != torch.bfloat16:
             wide = weight.shape[0] >= WIDE_OUTPUTS
             rows = x.numel() // max(x.shape[-1], 1)
             if rows > (WIDE_MAX_ROWS if wide else PACKED_MAX_ROWS) or (not wide and torch.get_num_threads() == 1):
