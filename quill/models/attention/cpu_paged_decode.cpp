@@ -62,6 +62,34 @@ static inline float dot(const float* q, const T_* k, int64_t D) {
   return sum;
 }
 
+#ifdef __AVX512F__
+// acc[h] = sum over t of p[h][t] v[t][h], for heads of C * 16 values: a few heads at a time, their sums held in 16
+// registers over all tokens (summed in memory they cost a load and a store per vector per token and head).
+// `row(V, t)` is token t's first K,V head of the item; `kv[h]` head h's K,V head, relative to it.
+template <int C, typename T_, typename Row, typename Prefetch>
+static void weighted_values(const Row& row, const Prefetch& prefetch, const T_* V, const float* p, int64_t len,
+                            int64_t heads, const int64_t* kv, float* acc) {
+  constexpr int GROUP = 16 / C;
+  for (int64_t h0 = 0; h0 < heads; h0 += GROUP) {
+    const int n = static_cast<int>(std::min<int64_t>(GROUP, heads - h0));
+    __m512 sum[GROUP][C];
+    for (int i = 0; i < GROUP; ++i)
+      for (int c = 0; c < C; ++c) sum[i][c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < len; ++t) {
+      if (h0 == 0) prefetch(V, t + AHEAD);
+      const T_* v = row(V, t);
+      for (int i = 0; i < GROUP && i < n; ++i) {
+        const __m512 weight = _mm512_set1_ps(p[(h0 + i) * len + t]);
+        const T_* vh = v + kv[h0 + i] * C * 16;
+        for (int c = 0; c < C; ++c) sum[i][c] = _mm512_fmadd_ps(weight, widen16(vh + c * 16), sum[i][c]);
+      }
+    }
+    for (int i = 0; i < n; ++i)
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + ((h0 + i) * C + c) * 16, sum[i][c]);
+  }
+}
+#endif
+
 // float32 to bfloat16, rounding to nearest even (the scores of a softmax row are finite)
 static inline void narrow(float x, float* out) { *out = x; }
 static inline void narrow(float x, uint16_t* out) {
@@ -107,6 +135,7 @@ static void attend(const T_* Q, const T_* K, const T_* V, const int64_t* T, cons
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min(threads, items), 1, [&](int64_t, int64_t) {
     std::vector<float> qf, scores, acc;
+    std::vector<int64_t> kv_of;
     for (int64_t i = next++; i < items; i = next++) {
       const int64_t b = i / shares, g0 = (i % shares) * share_heads, g1 = std::min(KVH, g0 + share_heads);
       const int64_t h0 = g0 * G, heads = (g1 - g0) * G, len = std::min(L[b], W * S);
@@ -145,6 +174,16 @@ static void attend(const T_* Q, const T_* K, const T_* V, const int64_t* T, cons
       }
       acc.assign(heads * D, 0.f);
       for (int64_t t = 0; t < AHEAD; ++t) prefetch(V, t);
+#ifdef __AVX512F__
+      if (D == 64 || D == 128) {
+        kv_of.resize(heads);
+        for (int64_t h = 0; h < heads; ++h) kv_of[h] = h / G;
+        if (D == 64) weighted_values<4>(row, prefetch, V, scores.data(), len, heads, kv_of.data(), acc.data());
+        else weighted_values<8>(row, prefetch, V, scores.data(), len, heads, kv_of.data(), acc.data());
+        for (int64_t j = 0; j < heads * D; ++j) narrow(acc[j], O + (b * H + h0) * D + j);
+        continue;
+      }
+#endif
       for (int64_t t = 0; t < len; ++t) {
         prefetch(V, t + AHEAD);
         const T_* v = row(V, t);

@@ -30,7 +30,7 @@ def test_the_kernel_builds_where_there_is_a_compiler():
 @pytest.mark.parametrize("kv_heads,num_seqs,threads",
                          [(2, 3, 1), (3, 3, 1), (3, 2, 2), (6, 2, 2), (2, 20, 2), (1, 5, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("dim", [16, 24])  # AVX-512's dot products take heads of a multiple of 16; others a loop
+@pytest.mark.parametrize("dim", [16, 24, 64, 128])  # AVX-512 paths: dots at multiples of 16, value sums at 64, 128
 def test_the_kernel_equals_softmax_attention_over_its_blocks(kv_heads, num_seqs, threads, dtype, dim):
     """bfloat16 caches are widened as they are read: the float32 arithmetic over their values, rounded once."""
     g = torch.Generator().manual_seed(0)
