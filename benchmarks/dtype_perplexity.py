@@ -33,16 +33,16 @@ CONTEXT = 256
 
 def score(model: str, documents: list[str]) -> dict:
     path = resolve_checkpoint_path(model)
-    row = {"model": model}
+    row, ids = {"model": model}, None
     for dtype in DTYPES:
         loaded = load_checkpoint(path, device="cpu", dtype=dtype, name=model)
-        ids = torch.from_numpy(encode_documents(loaded.tokenizer.hf, documents))
+        if ids is None:  # the tokenizer is the checkpoint's, whatever the dtype
+            ids = torch.from_numpy(encode_documents(loaded.tokenizer.hf, documents))
         started = time.perf_counter()
         with torch.inference_mode():
             row[dtype] = perplexity(loaded.model, ids, CONTEXT)
         row[f"{dtype}_seconds"] = time.perf_counter() - started
-        row["tokens"] = ids.numel()
-    return row
+    return row | {"tokens": ids.numel()}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

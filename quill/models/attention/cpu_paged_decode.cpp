@@ -172,7 +172,7 @@ static void attend(const T_* Q, const T_* K, const T_* V, const int64_t* T, cons
         const float inv = 1.f / sum;
         for (int64_t t = 0; t < len; ++t) row[t] *= inv;
       }
-      acc.assign(heads * D, 0.f);
+      acc.resize(heads * D);
       for (int64_t t = 0; t < AHEAD; ++t) prefetch(V, t);
 #ifdef __AVX512F__
       if (D == 64 || D == 128) {
@@ -184,6 +184,7 @@ static void attend(const T_* Q, const T_* K, const T_* V, const int64_t* T, cons
         continue;
       }
 #endif
+      std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t = 0; t < len; ++t) {
         prefetch(V, t + AHEAD);
         const T_* v = row(V, t);

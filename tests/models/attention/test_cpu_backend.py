@@ -60,17 +60,17 @@ def test_auto_picks_it_on_the_cpu():
 
 # prompts; decodes around a chunk; decodes only
 STEPS = [([5, 3, 9, 2], [0, 0, 0, 0]), ([1, 6, 1, 1], [5, 3, 9, 2]), ([1, 1, 1, 1], [6, 9, 10, 3])]
+TABLES = [[3, 17, 8, 30, 21, 0], [12, 5, 26, 1, 2, 4], [9, 33, 2, 14, 27, 6], [19, 24, 11, 35, 36, 37]]
 
 
 @pytest.mark.parametrize("key", ["transformer-llama", "transformer-gpt2"])
 def test_steps_through_it_equal_steps_through_sdpa(key):
     _, model = build_tiny_model(key, V, device="cpu")
-    tables = [[3, 17, 8, 30, 21, 0], [12, 5, 26, 1, 2, 4], [9, 33, 2, 14, 27, 6], [19, 24, 11, 35, 36, 37]]
     states = {name: model.new_state(40, block_size=4, attention_backend=name) for name in ("cpu", "sdpa")}
     g = torch.Generator().manual_seed(0)
     for counts, starts in STEPS:
         new = [torch.randint(0, V, (n,), generator=g).tolist() for n in counts]
-        batch = StepBatch.build(new, starts, block_tables=tables, logits="all")
+        batch = StepBatch.build(new, starts, block_tables=TABLES, logits="all")
         logits = {name: model.step(batch, state) for name, state in states.items()}
         torch.testing.assert_close(logits["cpu"], logits["sdpa"], atol=1e-5, rtol=1e-5)
 
@@ -81,13 +81,12 @@ def test_bfloat16_steps_through_it_are_as_close_to_float32_as_sdpas(key):
     its distance from the float32 model's logits instead."""
     _, reference = build_tiny_model(key, V, device="cpu")
     model = copy.deepcopy(reference).to(torch.bfloat16)
-    tables = [[3, 17, 8, 30, 21, 0], [12, 5, 26, 1, 2, 4], [9, 33, 2, 14, 27, 6], [19, 24, 11, 35, 36, 37]]
     states = {name: model.new_state(40, block_size=4, attention_backend=name) for name in ("cpu", "sdpa")}
     exact = reference.new_state(40, block_size=4, attention_backend="sdpa")
     g = torch.Generator().manual_seed(0)
     for counts, starts in STEPS:
         new = [torch.randint(0, V, (n,), generator=g).tolist() for n in counts]
-        batch = StepBatch.build(new, starts, block_tables=tables, logits="all")
+        batch = StepBatch.build(new, starts, block_tables=TABLES, logits="all")
         expected = reference.step(batch, exact)
         error = {name: (model.step(batch, state).float() - expected).abs().mean() for name, state in states.items()}
         assert error["cpu"] <= 1.15 * error["sdpa"], error
