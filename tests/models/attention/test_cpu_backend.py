@@ -30,11 +30,12 @@ def test_the_kernel_builds_where_there_is_a_compiler():
 @pytest.mark.parametrize("kv_heads,num_seqs,threads",
                          [(2, 3, 1), (3, 3, 1), (3, 2, 2), (6, 2, 2), (2, 20, 2), (1, 5, 2)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("dim", [16, 24, 64, 128])  # AVX-512 paths: dots at multiples of 16, value sums at 64, 128
-def test_the_kernel_equals_softmax_attention_over_its_blocks(kv_heads, num_seqs, threads, dtype, dim):
+@pytest.mark.parametrize("dim", [16, 24, 64, 128])  # AVX-512 paths: dots at multiples of 16; 64, 128 16 heads at a time
+@pytest.mark.parametrize("heads", [6, 24])  # 24: an item of more than 16 heads
+def test_the_kernel_equals_softmax_attention_over_its_blocks(kv_heads, num_seqs, threads, dtype, dim, heads):
     """bfloat16 caches are widened as they are read: the float32 arithmetic over their values, rounded once."""
     g = torch.Generator().manual_seed(0)
-    block, width, heads = 4, 4, 6
+    block, width = 4, 4
     num_blocks = num_seqs * width
     k_cache, v_cache = (torch.randn(num_blocks, block, kv_heads, dim, generator=g).to(dtype) for _ in range(2))
     tables = torch.randperm(num_blocks, generator=g).view(num_seqs, width)
