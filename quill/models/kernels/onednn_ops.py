@@ -18,10 +18,18 @@ that everything else reading weights (tied embeddings, saving, training) sees th
 weights take their memory twice. A weight replaced, or changed in place outside inference mode, is packed
 again; a dtype oneDNN cannot pack on this CPU (bfloat16 without AVX-512) runs `F.linear`, as does a bfloat16
 weight under float32 inputs (narrow_weights.py).
+
+oneDNN compiles a kernel for every row count it meets (2.5 ms each; kept in a cache of 1,024), and a server's
+steps have any row count up to the step's token budget: a 128-request run compiled 420 of them, a second of its
+25, and a long-running server would keep evicting and compiling again. So on CPUs with AMX, bfloat16 inputs of
+more than 16 rows are padded up to one of eight counts per doubling (`padded_rows`: at most 1/8 more rows; up to
+128 rows, whole 16-row AMX tiles, which cost nothing more to fill), and 71 row counts cover every step up to 8,192
+tokens. (Without AMX, padding small products would cost real arithmetic: they keep their own row counts.)
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -56,7 +64,7 @@ class OneDnnLayerOps(TorchLayerOps):
         packed = self._packed_for(x, weight)
         if packed is None:
             return super().linear(x, weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        return _packed_product(x, packed, bias, ("none", [], ""))
 
     def linear_act(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    activation: str) -> torch.Tensor:
@@ -64,7 +72,7 @@ class OneDnnLayerOps(TorchLayerOps):
         packed = self._packed_for(x, weight) if activation in FUSED_ACTIVATIONS else None
         if packed is None:
             return ACTIVATIONS[activation](self.linear(x, weight, bias))
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, *FUSED_ACTIVATIONS[activation])
+        return _packed_product(x, packed, bias, FUSED_ACTIVATIONS[activation])
 
     def _packed_for(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
         """The packed weight where `x` goes the packed way: the weight's dtype and no gradients; outside bfloat16
@@ -95,3 +103,28 @@ class OneDnnLayerOps(TorchLayerOps):
         """Whether `weight` has a packed copy (it ran through oneDNN)."""
         entry = self._packed.get(id(weight))
         return entry is not None and entry[0]() is weight and entry[2] is not None
+
+
+@functools.cache
+def _has_amx() -> bool:
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
+
+def padded_rows(rows: int) -> int:
+    """The row count a bfloat16 product of `rows` rows runs at: itself up to 16, then the next multiple of 16 up to
+    128 and of 1/8 of the power of two below it beyond (8 counts per doubling)."""
+    if rows <= 16:
+        return rows
+    step = max(16, 1 << (rows.bit_length() - 4))
+    return -(-rows // step) * step
+
+
+def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, post_op: tuple) -> torch.Tensor:
+    rows = x.numel() // max(x.shape[-1], 1)
+    padded = padded_rows(rows) if x.dtype == torch.bfloat16 and _has_amx() else rows
+    if padded == rows:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, *post_op)
+    flat = x.new_zeros(padded, x.shape[-1])
+    flat[:rows] = x.reshape(rows, x.shape[-1])
+    out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, *post_op)[:rows]
+    return out.view(*x.shape[:-1], out.shape[-1])

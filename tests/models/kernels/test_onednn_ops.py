@@ -223,3 +223,32 @@ def test_mamba_output_layer_goes_through_the_layer_ops(tied, tmp_path):
     torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
     head = model.backbone.embeddings.weight if tied else model.lm_head.weight
     assert ops.is_packed(head)
+
+
+def test_padded_row_counts_are_few_and_waste_at_most_an_eighth_past_128_rows():
+    from quill.models.kernels.onednn_ops import padded_rows
+
+    counts = [padded_rows(r) for r in range(1, 8193)]
+    assert counts[:16] == list(range(1, 17))
+    assert all(c >= r for r, c in enumerate(counts, 1)) and all(c % 16 == 0 for c in counts[16:])
+    assert all((c - r) / r < 1 / 8 for r, c in enumerate(counts, 1) if r > 128)
+    assert len(set(counts)) == 71
+
+
+@pytest.mark.parametrize("shape", [(37, 32), (3, 13, 32)])  # padded to 48 and to 48 rows
+def test_a_padded_bfloat16_product_equals_the_unpadded_one(shape, monkeypatch):
+    """On CPUs with AMX, bfloat16 inputs run at a padded row count; the extra rows are cut off the answer. Where
+    oneDNN has no bfloat16 kernel the product goes F.linear's way, padded or not."""
+    from quill.models.kernels import onednn_ops
+
+    weight, bias = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
+    x = torch.randn(*shape, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        answers = {}
+        for amx in (False, True):
+            monkeypatch.setattr(onednn_ops, "_has_amx", lambda amx=amx: amx)
+            ops = OneDnnLayerOps()
+            answers[amx] = ops.linear_act(x, weight, bias, "gelu")
+            assert ops.is_packed(weight) == cpu_has_bf16()
+    assert answers[True].shape == (*shape[:-1], 64) and answers[True].is_contiguous()
+    torch.testing.assert_close(answers[True], answers[False], atol=0.02, rtol=0.01)
