@@ -88,11 +88,31 @@ def exponential_race(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return greedy_ids(probs / noise)
 
 
+CHUNK = 128  # the CPU's greedy pick takes each row's maxima in chunks of this many entries first
+
+
 def greedy_ids(scores: torch.Tensor) -> torch.Tensor:
-    """(B, V) -> (B,) each row's first highest entry. `max` rather than `argmax`: on the CPU PyTorch's argmax is
-    1.5-2.7x slower over a decode step's logits (35 x 32,000: 1.3 against 0.8 ms in float32, 2.7 against 1.0 in
-    bfloat16); both return the first of tied maxima."""
-    return scores.max(dim=-1).indices
+    """(B, V) -> (B,) each row's first highest entry (NaN counting as highest, as `max` does).
+
+    PyTorch's CPU `max` with indices (and `argmax`, slower still) walks a row one entry at a time: 4.5 ms over a
+    64 x 32,000 step on one thread of an AMX Xeon, where `amax`, vectorised, takes 0.5. So on the CPU each row's
+    chunks of CHUNK entries are reduced by `amax`; the first chunk holding the row's maximum holds its first
+    occurrence, and only that chunk is searched with indices."""
+    rows, width = scores.shape
+    if scores.device.type != "cpu" or width < 2 * CHUNK or not scores.is_contiguous():
+        return scores.max(dim=-1).indices
+    n = width // CHUNK
+    chunks = scores[:, : n * CHUNK].view(rows, n, CHUNK)
+    tops = chunks.amax(dim=-1)  # (B, n)
+    tail = scores[:, n * CHUNK:]
+    if tail.shape[1]:
+        tops = torch.cat([tops, tail.amax(dim=-1, keepdim=True)], dim=1)  # the last, shorter chunk
+    first = tops.max(dim=-1).indices  # the first chunk holding the row's maximum
+    inside = chunks[torch.arange(rows), first.clamp(max=n - 1)].max(dim=-1).indices
+    ids = first * CHUNK + inside
+    if tail.shape[1]:
+        ids = torch.where(first == n, n * CHUNK + tail.max(dim=-1).indices, ids)
+    return ids
 
 
 @torch.inference_mode()

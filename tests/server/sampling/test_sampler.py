@@ -220,3 +220,22 @@ def test_prompt_logprobs_of_a_one_token_prompt_are_empty():
 def test_prompt_logprobs_need_enough_rows():
     with pytest.raises(ValueError):
         prompt_logprobs(random_logits(2, 12), [1, 2, 3, 4], top_n=0)
+
+
+@pytest.mark.parametrize("width", [5, 255, 256, 300, 32000, 50257])  # below two chunks, whole chunks, a tail
+def test_the_cpu_greedy_pick_is_maxs_first_highest_entry(width):
+    """Chunked on the CPU (amax per chunk, then one chunk searched): the same index as `max`, the first of tied
+    maxima, whether they lie in one chunk, in two, or in the last, shorter one, and NaN counting as highest."""
+    from quill.server.sampling.sampler import CHUNK, greedy_ids
+
+    g = torch.Generator().manual_seed(width)
+    scores = torch.randn(8, width, generator=g)
+    scores[1, :] = 0.0  # all tied: the first
+    scores[2, [width // 3, width - 1]] = 9.0  # tied across chunks
+    scores[3, [width - 1, width - 2]] = 9.0  # tied in the last chunk
+    scores[4, width // 2] = float("nan")
+    scores[5, 0] = 9.0  # the very first entry
+    if width > CHUNK:
+        scores[6, [CHUNK - 1, CHUNK]] = 9.0  # tied across a chunk boundary
+    assert torch.equal(greedy_ids(scores), scores.max(dim=-1).indices)
+    assert torch.equal(greedy_ids(scores[:, : width - 1]), scores[:, : width - 1].max(dim=-1).indices)
