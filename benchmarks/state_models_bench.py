@@ -38,7 +38,8 @@ Parts (`--parts`):
   of `generate()` runs); medians of 5 in turn, and the operators that took most of one profiled step of each.
 
 Every part runs its contenders in turn each repeat (Quill, transformers, Quill, ...), so that other work on a shared
-machine slows them alike; figures are medians over the repeats (`--repeats`, 2 by default, to keep a run near 15
+machine slows them alike (throughput reverses the order every other repeat, so that the process's first run, which
+maps its memory afresh, is not always Quill's); figures are medians over the repeats (`--repeats`, 2 by default, to keep a run near 15
 minutes), ratios are ratios of medians. `--threads` sets `torch.set_num_threads` for both sides.
 """
 

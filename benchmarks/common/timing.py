@@ -87,10 +87,13 @@ def write_json(path: Path | None, results: dict) -> None:
 
 def interleaved_runs(contenders: dict, repeats: int, log, describe) -> dict[str, list]:
     """name -> the results (dicts) of each repeat, the contenders called in turn every repeat, each result logged
-    with `describe` and given the minor page faults its call took."""
+    with `describe` and given the minor page faults its call took. Every other repeat calls them in reverse order:
+    the process's first call touches its memory for the first time (an xLSTM run's first contender took 240,532
+    page faults, the same call in the next repeat 34), so no contender is always the one that pays for it."""
     results: dict[str, list] = {name: [] for name in contenders}
     for repeat in range(repeats):
-        for name, fn in contenders.items():
+        order = list(contenders.items())
+        for name, fn in order if repeat % 2 == 0 else reversed(order):
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             results[name].append(fn())
             # memory the process had to map afresh: glibc hands large freed blocks back to the OS (benchmarks/README.md)
