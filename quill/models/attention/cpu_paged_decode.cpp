@@ -266,7 +266,6 @@ static void attend(const T_* Q, const T_* K, const T_* V, const int64_t* T, cons
     for (int64_t i = next++; i < items; i = next++) {
       const int64_t b = i / shares, g0 = (i % shares) * share_heads, g1 = std::min(KVH, g0 + share_heads);
       const int64_t h0 = g0 * G, heads = (g1 - g0) * G, len = std::min(L[b], W * S);
-      scores.resize(heads * len);
       // token t's K or V heads g0..g1 (heads sharing a K,V head are walked beside it: no division per head)
       const int64_t row_bytes = (g1 - g0) * D * static_cast<int64_t>(sizeof(T_));
       auto row = [&](const T_* cache, int64_t t) { return cache + T[b * W + t / S] * block_stride +
@@ -286,6 +285,7 @@ static void attend(const T_* Q, const T_* K, const T_* V, const int64_t* T, cons
         continue;
       }
 #endif
+      scores.resize(heads * len);
       qf.resize(heads * D);  // the item's queries, widened once
       for (int64_t j = 0; j < heads * D; ++j) qf[j] = widen(Q[(b * H + h0) * D + j]);
       const float* qb = qf.data();

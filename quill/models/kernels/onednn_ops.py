@@ -124,7 +124,8 @@ def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
     padded = padded_rows(rows) if x.dtype == torch.bfloat16 and _has_amx() else rows
     if padded == rows:
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, *post_op)
-    flat = x.new_zeros(padded, x.shape[-1])
+    flat = x.new_empty(padded, x.shape[-1])
     flat[:rows] = x.reshape(rows, x.shape[-1])
+    flat[rows:].zero_()  # only the padding: the rows themselves are overwritten
     out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, *post_op)[:rows]
     return out.view(*x.shape[:-1], out.shape[-1])
