@@ -7,9 +7,11 @@ float32 on a 2-core AVX2 EPYC; at 256 rows F.linear is as fast or 10% faster, so
 `PACKED_MAX_ROWS` rows (prompt chunks, large batches) keep F.linear (`python -m benchmarks.cpu_linear`), but for
 wide output layers (`WIDE_OUTPUTS`: a vocabulary), where oneDNN stays ahead up to `WIDE_MAX_ROWS` (a Marian
 58,101 x 512 output layer at 256 rows: 104 against 161 ms; 32,000 x 768: 0.93x F.linear's time). On one
-thread the packed path pays only for wide output layers: there F.linear ran GPT-2-small's
+thread of that AVX2 CPU the packed path paid only for wide output layers: there F.linear ran GPT-2-small's
 layers 7-10% faster at 64 rows, the 32k output layer 15% slower, and a whole run of 128 requests 2.4-2.8% faster
-with F.linear for all but the output layer (two alternating A/Bs in process). Those limits are float32's: in
+with F.linear for all but the output layer (two alternating A/Bs in process). With AVX-512 (a Xeon) the packed
+product is ahead on one thread too: 15-35% more GFLOP/s at 16-37 rows, even from 64 rows, and the same run's
+decode steps took 160-167 ms against F.linear's 170-195 (five alternating runs). Those limits are float32's: in
 bfloat16 (a CPU with AVX-512-BF16 or AMX) oneDNN's packed product is 1.2-2.4x F.linear's at every row count from
 16 to 2,048 on 2 threads of an AMX Xeon, and fuses the activation that F.linear leaves to a separate pass, so
 bfloat16 inputs always go the packed way. The packed copy is made on a
@@ -76,13 +78,15 @@ class OneDnnLayerOps(TorchLayerOps):
 
     def _packed_for(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
         """The packed weight where `x` goes the packed way: the weight's dtype and no gradients; outside bfloat16
-        also few rows, and on one thread a wide output (limits measured in float32)."""
+        also few rows, and on one thread without AVX-512 a wide output (limits measured in float32)."""
         if x.dtype != weight.dtype or torch.is_grad_enabled():
             return None
         if x.dtype != torch.bfloat16:
             wide = weight.shape[0] >= WIDE_OUTPUTS
             rows = x.numel() // max(x.shape[-1], 1)
-            if rows > (WIDE_MAX_ROWS if wide else PACKED_MAX_ROWS) or (not wide and torch.get_num_threads() == 1):
+            if rows > (WIDE_MAX_ROWS if wide else PACKED_MAX_ROWS):
+                return None
+            if not wide and torch.get_num_threads() == 1 and not _has_avx512():
                 return None
         return self._packed_weight(weight)
 
@@ -103,6 +107,11 @@ class OneDnnLayerOps(TorchLayerOps):
         """Whether `weight` has a packed copy (it ran through oneDNN)."""
         entry = self._packed.get(id(weight))
         return entry is not None and entry[0]() is weight and entry[2] is not None
+
+
+@functools.cache
+def _has_avx512() -> bool:
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 @functools.cache

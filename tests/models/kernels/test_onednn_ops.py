@@ -19,7 +19,8 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason
 
 @pytest.fixture(autouse=True)
 def two_threads():
-    """The tests run on one thread, where only wide outputs go the packed way: these test that way at two."""
+    """The tests run on one thread, where (without AVX-512) only wide outputs go the packed way: these test that
+    way at two."""
     with torch_threads(2):
         yield
 
@@ -152,7 +153,9 @@ def test_other_families_run_their_linear_modules_through_the_layer_ops(key, call
     assert ops.name == "onednn" and all(ops.is_packed(getattr(loaded.model, name).weight) for name in called)
 
 
-def test_on_one_thread_only_wide_outputs_go_the_packed_way():
+def test_on_one_thread_narrow_layers_go_the_packed_way_only_with_avx512():
+    """On one thread the packed product is ahead with AVX-512 and was behind F.linear for narrow layers on the AVX2
+    CPU it was measured on: there only wide outputs go the packed way. The answer is F.linear's either way."""
     from quill.models.kernels.onednn_ops import WIDE_OUTPUTS
 
     ops = OneDnnLayerOps()
@@ -161,7 +164,8 @@ def test_on_one_thread_only_wide_outputs_go_the_packed_way():
     with torch.inference_mode():
         torch.testing.assert_close(ops.linear(x, narrow, None), F.linear(x, narrow))
         torch.testing.assert_close(ops.linear(x, wide, None), F.linear(x, wide), atol=1e-5, rtol=1e-5)
-    assert not ops.is_packed(narrow) and ops.is_packed(wide)
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    assert ops.is_packed(narrow) == avx512 and ops.is_packed(wide)
 
 
 @pytest.mark.parametrize("key", ["gcnn", "fconv"])
