@@ -55,7 +55,7 @@ class GatedConv(nn.Module):
         super().__init__()
         self.conv = nn.Conv1d(channels, 2 * channels, kernel_size)
         self.window = kernel_size - 1
-        self.matrix = MatrixView()
+        self.matrix = MatrixView(taps_major=True)  # a window's k inputs are k consecutive rows
 
     def forward(self, x: torch.Tensor, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, C), history (B, k-1, C) of earlier inputs -> (B, T, C), the full input (B, k-1+T, C)."""
@@ -76,10 +76,10 @@ class GatedConv(nn.Module):
         """
         if index is None:
             full = torch.cat([history, x[:, None]], dim=1)  # (B, k, C)
-            inputs, window = full.transpose(1, 2).flatten(1), full[:, 1:]
+            inputs, window = full.flatten(1), full[:, 1:]  # (B, k * C): a view, the taps-major matrix's order
         else:
             rows = torch.cat([history.flatten(0, 1), x])  # (B * (k-1) + T, C)
-            inputs, window = rows[index[0]].transpose(1, 2).flatten(1), rows[index[1]]  # (T, C * k): weight order
+            inputs, window = rows[index[0]].flatten(1), rows[index[1]]  # (T, k * C)
         return F.glu(ops.linear(inputs, self.matrix(self.conv.weight), self.conv.bias), dim=-1), window
 
 

@@ -37,12 +37,20 @@ def route_linears(model: nn.Module, ops) -> int:
 
 class MatrixView:
     """A convolution's kernel (out, in, k) as the (out, in * k) matrix its steps multiply by: one view per weight
-    tensor, so that layer ops which lay a weight out once, keyed by the tensor (oneDNN's packing), keep it."""
+    tensor, so that layer ops which lay a weight out once, keyed by the tensor (oneDNN's packing), keep it.
 
-    def __init__(self):
-        self._view: tuple[torch.Tensor, torch.Tensor] | None = None  # (the weight, its matrix)
+    `taps_major`: the columns tap by tap, (out, k * in), the order a step's windows already lie in when each
+    position's k inputs are k consecutive rows (B, k, in): the windows go to the product as a view, where the
+    kernel's own order needs each window transposed and copied. That matrix is a copy of the weight, made again
+    when the weight is replaced or changed in place."""
+
+    def __init__(self, taps_major: bool = False):
+        self.taps_major = taps_major
+        self._view: tuple[torch.Tensor, int, torch.Tensor] | None = None  # (the weight, its version, its matrix)
 
     def __call__(self, weight: torch.Tensor) -> torch.Tensor:
-        if self._view is None or self._view[0] is not weight:
-            self._view = (weight, weight.flatten(1))
-        return self._view[1]
+        version = -1 if weight.is_inference() else weight._version  # an inference tensor keeps no version
+        if self._view is None or self._view[0] is not weight or self._view[1] != version:
+            matrix = weight.detach().transpose(1, 2).flatten(1) if self.taps_major else weight.flatten(1)
+            self._view = (weight, version, matrix)
+        return self._view[2]

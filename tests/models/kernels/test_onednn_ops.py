@@ -256,3 +256,20 @@ def test_a_padded_bfloat16_product_equals_the_unpadded_one(shape, monkeypatch):
             assert ops.is_packed(weight) == cpu_has_bf16()
     assert answers[True].shape == (*shape[:-1], 64) and answers[True].is_contiguous()
     torch.testing.assert_close(answers[True], answers[False], atol=0.02, rtol=0.01)
+
+
+def test_a_taps_major_kernel_matrix_is_kept_until_its_weight_changes():
+    """The gated CNN multiplies its windows, k consecutive rows, by its kernel with columns tap by tap: a copy of
+    the weight, the same tensor every step (so oneDNN's packing of it is kept), made again when the weight
+    changes in place or is replaced."""
+    from quill.models.kernels.ops_linear import MatrixView
+
+    view, weight = MatrixView(taps_major=True), torch.randn(6, 3, 4)  # (out, in, k)
+    matrix = view(weight)
+    assert matrix.shape == (6, 12) and view(weight) is matrix
+    window = torch.randn(4, 3)  # k rows of `in` inputs
+    torch.testing.assert_close(matrix @ window.flatten(), torch.einsum("oik,ki->o", weight, window))
+    weight.mul_(2)
+    torch.testing.assert_close(view(weight), 2 * matrix)
+    other = torch.randn(6, 3, 4)
+    torch.testing.assert_close(view(other), other.transpose(1, 2).flatten(1))
