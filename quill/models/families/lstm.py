@@ -127,7 +127,7 @@ class LSTMLanguageModel(nn.Module):
         """Run the new tokens of each sequence from its slot; update the slots in place."""
         x = batch.pad(self.embed(batch.token_ids))  # (B, Q, E)
         lengths = None if batch.max_query_len == 1 else batch.query_lens
-        rows = [state[name][batch.slots] for name in self.state_names]  # (B, L, H) or (B, sum of sizes)
+        rows = [state[name].index_select(0, batch.slots) for name in self.state_names]  # (B, L, H) or (B, sum of sizes)
         if self.layers is None:
             x, end = run_recurrent(self.lstm, x, tuple(r.transpose(0, 1).contiguous() for r in rows), lengths)  # (L, B, H)
             for name, tensor in zip(self.state_names, end):
