@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     s = SMOKE if args.smoke else LOAD
     if args.num_requests:
         s = replace(s, num_requests=args.num_requests)
-    results = run(s, args.vllm_venv, args.dtype, args.threads, args.repeats, args.vllm_args.split(), args.quill_args.split(), log)
+    results = run(s, args.vllm_venv, args.dtype, args.threads, args.repeats, args.vllm_args.split(),
+                  args.quill_args.split(), log)
     print(render(results))
     if args.out:
         write_json(args.out, results)

@@ -10,10 +10,11 @@ wide output layers (`WIDE_OUTPUTS`: a vocabulary), where oneDNN stays ahead up t
 thread of that AVX2 CPU the packed path paid only for wide output layers: there F.linear ran GPT-2-small's
 layers 7-10% faster at 64 rows, the 32k output layer 15% slower, and a whole run of 128 requests 2.4-2.8% faster
 with F.linear for all but the output layer (two alternating A/Bs in process). With AVX-512 (a Xeon) the packed
-product is ahead on one thread too: 15-35% more GFLOP/s at 16-37 rows, even from 64 rows, and the same run's
-decode steps took 160-167 ms against F.linear's 170-195 (five alternating runs). Those limits are float32's: in
-bfloat16 (a CPU with AVX-512-BF16 or AMX) oneDNN's packed product is 1.2-2.4x F.linear's at every row count from
-16 to 2,048 on 2 threads of an AMX Xeon, and fuses the activation that F.linear leaves to a separate pass, so
+product is ahead on one thread too: 15-35% more GFLOP/s at 16-37 rows, level or ahead at 64, and in process
+the vLLM side-by-side's load ran decode steps of 160-167 ms against F.linear's 170-195 (five alternating
+runs). Those limits are float32's: in bfloat16 (a CPU with AVX-512-BF16 or AMX) oneDNN's packed product is
+1.2-2.4x F.linear's at every row count from 16 to 2,048 on 2 threads of an AMX Xeon, and fuses the activation
+that F.linear leaves to a separate pass, so
 bfloat16 inputs always go the packed way. The packed copy is made on a
 weight's first use and kept beside it, so
 that everything else reading weights (tied embeddings, saving, training) sees them unchanged: the linear
