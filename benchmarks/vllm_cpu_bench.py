@@ -56,6 +56,17 @@ def _texts(run) -> list[str]:
     return [r.texts.get(0, "") for r in run.results]
 
 
+def repeat_loads(s, loaded, name: str, repeats: int) -> list:
+    """Each repeat's requests, prompts of its own (the same for both servers): a repeat never finds the one
+    before it in a server's prefix cache."""
+    return [workload(replace(s, seed=s.seed + repeat), loaded, name)[1] for repeat in range(repeats)]
+
+
+def turn_order(repeat: int) -> tuple[str, ...]:
+    """The servers in the order they take repeat `repeat`'s load: reversed every other repeat."""
+    return SERVERS if repeat % 2 == 0 else SERVERS[::-1]
+
+
 def _serve_quill(s, loaded, path: Path, name: str, threads: int, dtype: str, loads: list, extra: list[str]):
     """`quill serve` on the model with `threads` compute threads (its HTTP side, like vLLM's API process, is
     not confined to them), its cache sized for the largest of `loads`."""
@@ -76,9 +87,7 @@ def run(s, venv: Path, dtype: str, threads: int, repeats: int, vllm_args: list[s
         save_random_gpt2(tmp, s.gpt2, seed=s.seed)
         results["model"] = gpt2_source(s.gpt2)
         loaded = load_checkpoint(path, device="cpu", dtype="float32", name=name)  # sizes the load; not served
-        # each repeat its own prompts (the same for both servers): a repeat never finds the one before it in a
-        # server's prefix cache
-        loads = [workload(replace(s, seed=s.seed + repeat), loaded, name)[1] for repeat in range(repeats)]
+        loads = repeat_loads(s, loaded, name, repeats)
         warm = workload(s, loaded, name)[2]
         # Both servers stay up (idle, each waits without spinning) and take the load in turn, so that the
         # machine's drift between minutes slows them alike; every other repeat reverses the order.
@@ -89,7 +98,7 @@ def run(s, venv: Path, dtype: str, threads: int, repeats: int, vllm_args: list[s
         urls["quill"] = servers.enter_context(_serve_quill(s, loaded, path, name, threads, dtype, loads, quill_args))
         runs: dict[str, list] = {server: [] for server in SERVERS}
         for repeat in range(repeats):
-            for server in SERVERS if repeat % 2 == 0 else SERVERS[::-1]:
+            for server in turn_order(repeat):
                 log(f"repeat {repeat + 1}/{repeats}: {server}: sending {len(loads[repeat])} requests, "
                     f"{s.concurrency} at a time ...")
                 run_ = asyncio.run(send_workload(urls[server], warm, loads[repeat], s.concurrency, s.duration,

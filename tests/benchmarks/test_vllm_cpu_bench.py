@@ -1,4 +1,5 @@
-"""vllm_cpu_bench without vLLM: it says where to get it and exits cleanly; vLLM's environment is told how to run."""
+"""vllm_cpu_bench without vLLM: it says where to get it and exits cleanly; vLLM's environment is told how to run;
+its repeats take turns and send prompts of their own."""
 
 from pathlib import Path
 
@@ -23,3 +24,20 @@ def test_vllm_computes_on_the_threads_asked_for(tmp_path):
     assert one["VLLM_CPU_OMP_THREADS_BIND"] == "0" and two["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert one["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0" and two["VLLM_CPU_KVCACHE_SPACE"] == "4"
     assert not any(k.startswith("QUILL_") for k in one)
+
+
+def test_repeats_take_turns_and_send_prompts_of_their_own(tmp_path):
+    """Every other repeat reverses the servers' order; each repeat's prompts differ from the others' (no prefix
+    cache holds them from the repeat before) and are the same whenever they are drawn (both servers get them)."""
+    from benchmarks.common.checkpoints import save_random_gpt2
+    from quill.models.loading.checkpoint import load_checkpoint
+
+    assert [vllm_cpu_bench.turn_order(r) for r in range(3)] == [("vllm", "quill"), ("quill", "vllm"), ("vllm", "quill")]
+    s = vllm_cpu_bench.SMOKE
+    save_random_gpt2(tmp_path, s.gpt2, seed=s.seed)
+    loaded = load_checkpoint(tmp_path, device="cpu", dtype="float32", name="m")
+    loads = vllm_cpu_bench.repeat_loads(s, loaded, "m", 3)
+    prompts = [[r.prompt for r in load] for load in loads]
+    assert len(loads) == 3 and all(len(load) == s.num_requests for load in loads)
+    assert prompts[0] != prompts[1] != prompts[2] != prompts[0]
+    assert [[r.prompt for r in load] for load in vllm_cpu_bench.repeat_loads(s, loaded, "m", 3)] == prompts
