@@ -40,7 +40,7 @@ from .common.hardware import describe_machine, load_average
 from .common.report import table
 from .common.server_process import running_server
 from .common.settings import HTTP_FULL, HTTP_SMOKE
-from .common.timing import write_json
+from .common.timing import in_turn, write_json
 from .common.tokenized import tokenize
 from .common.vllm_server import vllm_python, vllm_server
 from .http_bench import send_workload, server_config, workload
@@ -60,11 +60,6 @@ def repeat_loads(s, loaded, name: str, repeats: int) -> list:
     """Each repeat's requests, prompts of its own (the same for both servers): a repeat never finds the one
     before it in a server's prefix cache."""
     return [workload(replace(s, seed=s.seed + repeat), loaded, name)[1] for repeat in range(repeats)]
-
-
-def turn_order(repeat: int) -> tuple[str, ...]:
-    """The servers in the order they take repeat `repeat`'s load: reversed every other repeat."""
-    return SERVERS if repeat % 2 == 0 else SERVERS[::-1]
 
 
 def _serve_quill(s, loaded, path: Path, name: str, threads: int, dtype: str, loads: list, extra: list[str]):
@@ -98,7 +93,7 @@ def run(s, venv: Path, dtype: str, threads: int, repeats: int, vllm_args: list[s
         urls["quill"] = servers.enter_context(_serve_quill(s, loaded, path, name, threads, dtype, loads, quill_args))
         runs: dict[str, list] = {server: [] for server in SERVERS}
         for repeat in range(repeats):
-            for server in turn_order(repeat):
+            for server in in_turn(SERVERS, repeat):
                 log(f"repeat {repeat + 1}/{repeats}: {server}: sending {len(loads[repeat])} requests, "
                     f"{s.concurrency} at a time ...")
                 run_ = asyncio.run(send_workload(urls[server], warm, loads[repeat], s.concurrency, s.duration,

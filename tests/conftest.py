@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 from contextlib import contextmanager
 import signal
 import socket
@@ -73,6 +74,12 @@ TINY_CONFIGS = {
              embed_scale=32 ** 0.5, tie_embeddings=False, output_bias=True, max_seq_len=64),
     ),
 }
+
+
+# The CPU's C++ kernels: only a machine without a C++ compiler may lack them; where there is one, a failed build
+# fails the tests that use them.
+needs_cxx = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                               reason="no C++ compiler to build the CPU's kernels with")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,6 +6,7 @@ import json
 import resource
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -85,6 +86,12 @@ def write_json(path: Path | None, results: dict) -> None:
     path.write_text(json.dumps(results, indent=2) + "\n")
 
 
+def in_turn(contenders: Sequence, repeat: int) -> Sequence:
+    """The contenders in the order they run in repeat `repeat`: reversed every other repeat, so that none is always
+    first (the process's or the machine's first run pays for what the others reuse)."""
+    return contenders if repeat % 2 == 0 else contenders[::-1]
+
+
 def interleaved_runs(contenders: dict, repeats: int, log, describe) -> dict[str, list]:
     """name -> the results (dicts) of each repeat, the contenders called in turn every repeat, each result logged
     with `describe` and given the minor page faults its call took. Every other repeat calls them in reverse order:
@@ -92,8 +99,7 @@ def interleaved_runs(contenders: dict, repeats: int, log, describe) -> dict[str,
     page faults, the same call in the next repeat 34), so no contender is always the one that pays for it."""
     results: dict[str, list] = {name: [] for name in contenders}
     for repeat in range(repeats):
-        order = list(contenders.items())
-        for name, fn in order if repeat % 2 == 0 else reversed(order):
+        for name, fn in in_turn(list(contenders.items()), repeat):
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             results[name].append(fn())
             # memory the process had to map afresh: glibc hands large freed blocks back to the OS (benchmarks/README.md)

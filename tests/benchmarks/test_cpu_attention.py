@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
 from benchmarks import cpu_attention
 from quill.models.attention.cpu_kernel import kernel
+from tests.conftest import needs_cxx
 
-# As in the kernel's own tests: only a machine without a C++ compiler may lack it; elsewhere a failed build fails.
-pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
-                                reason="no C++ compiler to build the CPU attention kernel with")
+pytestmark = needs_cxx
 
 
 @pytest.fixture(scope="module")

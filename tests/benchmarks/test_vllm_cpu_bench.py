@@ -32,7 +32,10 @@ def test_repeats_take_turns_and_send_prompts_of_their_own(tmp_path):
     from benchmarks.common.checkpoints import save_random_gpt2
     from quill.models.loading.checkpoint import load_checkpoint
 
-    assert [vllm_cpu_bench.turn_order(r) for r in range(3)] == [("vllm", "quill"), ("quill", "vllm"), ("vllm", "quill")]
+    from benchmarks.common.timing import in_turn
+
+    assert [in_turn(vllm_cpu_bench.SERVERS, r) for r in range(3)] == [("vllm", "quill"), ("quill", "vllm"),
+                                                                        ("vllm", "quill")]
     s = vllm_cpu_bench.SMOKE
     save_random_gpt2(tmp_path, s.gpt2, seed=s.seed)
     loaded = load_checkpoint(tmp_path, device="cpu", dtype="float32", name="m")

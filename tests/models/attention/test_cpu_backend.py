@@ -4,19 +4,16 @@ blocks, in decode-only and mixed steps, with grouped-query heads, and whatever t
 from __future__ import annotations
 
 import copy
-import shutil
-
 import pytest
 import torch
 
 from quill.models.attention import select_attention_backend
 from quill.models.attention.cpu_kernel import kernel
 from quill.models.batch import StepBatch
-from tests.conftest import build_tiny_model, torch_threads
+from tests.conftest import build_tiny_model, needs_cxx, torch_threads
 
-# Only a machine without a C++ compiler may lack the kernel; where there is one, a failed build fails the tests.
-pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
-                                reason="no C++ compiler to build the CPU attention kernel with")
+pytestmark = needs_cxx
+
 V = 300
 
 
