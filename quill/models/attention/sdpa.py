@@ -36,6 +36,7 @@ class _Part:
     block_tables: torch.Tensor  # (num_seqs, max_blocks)
     query_pos: torch.Tensor  # (num_seqs, query_len) each query row's position
     width: int  # keys gathered per sequence: max_blocks * block_size
+    fresh: bool = False  # a prompt's first chunk: its keys are its own new tokens (set by backends that use it)
     buffers: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @cached_property
@@ -149,11 +150,14 @@ class SdpaPagedAttention:
             return self.batch.unpad(out.transpose(1, 2).flatten(-2))
         out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
         for part in self.parts:
-            out[part.tokens] = self._attend(part, q[part.tokens], k_cache, v_cache).reshape(-1, out.shape[1])
+            t = part.tokens
+            out[t] = self._attend(part, q[t], k[t], v[t], k_cache, v_cache).reshape(-1, out.shape[1])
         return out
 
-    def _attend(self, part: _Part, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """One part's attention: its queries q (tokens, H, hd) -> (tokens, H, hd)."""
+    def _attend(self, part: _Part, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor) -> torch.Tensor:
+        """One part's attention: its queries q (tokens, H, hd) -> (tokens, H, hd); k, v its new keys and values
+        (already in the cache, where this reads them)."""
         keys, values = self._gather_part(part, k_cache, v_cache)
         queries = q.view(part.num_seqs, part.query_len, *q.shape[1:])
         attended = F.scaled_dot_product_attention(

@@ -89,3 +89,13 @@ def test_bfloat16_steps_through_it_are_as_close_to_float32_as_sdpas(key):
         error = {name: (model.step(batch, state).float() - expected).abs().mean() for name, state in states.items()}
         assert error["cpu"] <= 1.15 * error["sdpa"], error
         assert error["sdpa"] < 0.02 * expected.abs().mean()  # bfloat16's rounding, not a wrong answer
+
+
+def test_a_prompts_first_chunk_reads_no_cache_and_a_later_one_reads_only_its_own_blocks():
+    from quill.models.attention.cpu_backend import CpuPagedAttention
+    # a first chunk of 5 (positions 0-4), decodes at 3 and 9, a later chunk at 3-8; tables of 6 blocks of 4
+    batch = StepBatch.build([[1] * 5, [1], [1], [1] * 6], [0, 3, 9, 3], block_tables=TABLES)
+    decodes, first, later = CpuPagedAttention.build(batch, 4).parts
+    assert (decodes.num_seqs, decodes.fresh, decodes.width) == (2, False, 24)
+    assert first.fresh
+    assert not later.fresh and later.width == 12 and later.block_tables.tolist() == [TABLES[3][:3]]
