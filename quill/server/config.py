@@ -58,8 +58,9 @@ class ServerConfig:
     log_prompts: bool = False  # request logs carry token counts only unless asked
     threads: int | str | None = "auto"  # torch CPU threads per model's steps; "auto": the free usable cores; None: torch's
     # Each model's engine core in a process of its own (True) or on a thread of the server's (False); None: a
-    # process on CUDA, where steps take milliseconds and the HTTP side would slow them, a thread on the CPU, where
-    # steps are slow and a process per model measured no faster (benchmarks/server_overhead.py).
+    # process on CUDA, where steps take milliseconds and the HTTP side would slow them; on the CPU a process where a
+    # fixed `threads` leaves the HTTP side a core (one of two: 1.10x, float32 and bfloat16 alike), else a thread
+    # (steps on every core: a process beside them was 0.93-0.95x, `benchmarks/vllm_cpu_bench.py`'s load).
     engine_process: bool | None = None
     loop: str = "auto"  # the event loop: "auto" (uvloop where installed, else asyncio), "asyncio", "uvloop"
     http: str = "auto"  # the HTTP/1.1 parser: "auto" (httptools where installed, else h11), "h11", "httptools"
@@ -227,7 +228,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    default=None if engine_env is None else engine_env.lower() not in ("0", "false", "no"),
                    help="run each model's engine core in a process of its own, so the HTTP side and the step loop "
                         "never share an interpreter, or (--no-engine-process) on a thread of the server's process "
-                        "(default: a process on CUDA, a thread on the CPU; env QUILL_ENGINE_PROCESS)")
+                        "(default: a process on CUDA, and on the CPU where --threads leaves a core free, else a thread; env "
+                        "QUILL_ENGINE_PROCESS)")
     arg("--loop", str, d.loop, "the HTTP side's event loop: auto (uvloop where installed, else asyncio's own), "
         "asyncio or uvloop", choices=EVENT_LOOPS)
     arg("--http", str, d.http, "the HTTP/1.1 implementation: auto (httptools, a C parser, where installed, else "

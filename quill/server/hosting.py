@@ -1,8 +1,8 @@
 """The models a server hosts: each loaded once, with its own engine loop and its chat template.
 
-With `engine_process` (the default on CUDA) each model's engine core runs in a process of its own,
-which loads the weights; this process then reads only the checkpoint's metadata and tokenizer. A hub
-id's revision is resolved once, here, and both processes read that snapshot.
+With `engine_process` (the default on CUDA, and on a CPU whose --threads leave a core free) each model's engine
+core runs in a process of its own, which loads the weights; this process then reads only the checkpoint's metadata
+and tokenizer. A hub id's revision is resolved once, here, and both processes read that snapshot.
 
 Loading can be stopped (the server is stopping) between models and while an engine process loads:
 `ModelHost.load` then raises `LoadCancelled`, the engines it had started shut down.
@@ -21,6 +21,7 @@ from quill.models.loading.checkpoint import LoadedModel, load_checkpoint, resolv
 from quill.models.loading.location import locate
 
 from .config import ServerConfig
+from .engine.cpu_threads import usable_cores
 from .engine import (AsyncEngine, CacheConfig, CoreSpec, EngineConfig, EngineFrontend, EngineStartCancelled,
                      KVEventsConfig, ParallelConfig, ProcessEngine, SchedulerConfig, load_engine_model)
 from .structured import GrammarCompiler
@@ -98,10 +99,14 @@ def tool_template_for(name: str, loaded: LoadedModel, source: str | None) -> Cha
 
 
 def uses_engine_process(config: ServerConfig) -> bool:
-    """--engine-process as given, else a process on CUDA only (see ServerConfig.engine_process)."""
+    """--engine-process as given; else a process on CUDA, and on the CPU where a fixed --threads leaves the HTTP side
+    a core of its own (see ServerConfig.engine_process)."""
     if config.engine_process is not None:
         return config.engine_process
-    return resolve_device(config.device).type == "cuda"
+    device = resolve_device(config.device)
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and isinstance(config.threads, int) and config.threads < usable_cores()
 
 
 def kv_events_for(config: ServerConfig, index: int, name: str) -> KVEventsConfig | None:

@@ -21,6 +21,7 @@ from quill.models.text.tokenizer_config import read_tokenizer_config
 from quill.server.api.app import create_app
 from quill.server.config import DEFAULT_MODELS, ServerConfig, add_serve_arguments, config_from_args
 from quill.server.engine.process.process_engine import ProcessEngine
+from quill.server import hosting
 from quill.server.hosting import ModelHost
 from tests.conftest import TEST_DEVICE, LiveServer
 from tests.hub_checkpoints import CHAT_MIN_TOKENS, CHAT_PROMPT, snapshot_dir, write_revisions
@@ -305,6 +306,17 @@ def test_engine_process_flag(monkeypatch):
     assert parse("--no-engine-process").engine_process is False
     monkeypatch.setenv("QUILL_ENGINE_PROCESS", "0")
     assert parse().engine_process is False
+
+
+def test_a_cpu_engine_runs_in_a_process_where_its_threads_leave_a_core_free(monkeypatch):
+    monkeypatch.setattr(hosting, "usable_cores", lambda: 2)
+    cpu = dict(models=["m"], device="cpu")
+    assert hosting.uses_engine_process(ServerConfig(**cpu, threads=1))  # the HTTP side gets the other core
+    assert not hosting.uses_engine_process(ServerConfig(**cpu, threads=2))  # steps on both cores: a thread
+    assert not hosting.uses_engine_process(ServerConfig(**cpu, threads="auto"))
+    assert not hosting.uses_engine_process(ServerConfig(**cpu, threads=1, engine_process=False))  # the flag rules
+    monkeypatch.setattr(hosting, "usable_cores", lambda: 1)
+    assert not hosting.uses_engine_process(ServerConfig(**cpu, threads=1))
 
 
 @pytest.mark.parametrize("separate", [True, False])
