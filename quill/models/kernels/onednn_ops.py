@@ -134,8 +134,20 @@ def _packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | 
     padded = padded_rows(rows) if x.dtype == torch.bfloat16 and _has_amx() else rows
     if padded == rows:
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, *post_op)
-    flat = x.new_empty(padded, x.shape[-1])
-    flat[:rows] = x.reshape(rows, x.shape[-1])
-    flat[rows:].zero_()  # only the padding: the rows themselves are overwritten
-    out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, *post_op)[:rows]
+    out = torch.ops.mkldnn._linear_pointwise(_padded_input(x, rows, padded), packed, bias, *post_op)[:rows]
     return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _padded_input(x: torch.Tensor, rows: int, padded: int) -> torch.Tensor:
+    """`x` as (padded, features): a view where its storage runs on past its rows (the output of a padded product,
+    as an MLP's second product takes its first's: a prompt chunk's 2,000 x 3,072 copy was 7% of its step), else a
+    copy. Rows past x's are only read, and each output row depends on its own input row alone, so whatever they
+    hold is cut off with them."""
+    features = x.shape[-1]
+    room = x.untyped_storage().nbytes() // x.element_size()
+    if x.is_contiguous() and x.storage_offset() == 0 and room >= padded * features:
+        return x.as_strided((padded, features), (features, 1))
+    flat = x.new_empty(padded, features)
+    flat[:rows] = x.reshape(rows, features)
+    flat[rows:].zero_()  # only the padding: the rows themselves are overwritten
+    return flat

@@ -273,3 +273,21 @@ def test_a_taps_major_kernel_matrix_is_kept_until_its_weight_changes():
     torch.testing.assert_close(view(weight), 2 * matrix)
     other = torch.randn(6, 3, 4)
     torch.testing.assert_close(view(other), other.transpose(1, 2).flatten(1))
+
+
+def test_a_padded_products_output_is_the_next_ones_padded_input_without_a_copy(monkeypatch):
+    """An MLP's second product takes the first's output, whose storage already holds the padding rows: it reads
+    them in place. Whatever they hold, the rows cut from the answer are the same."""
+    from quill.models.kernels import onednn_ops
+
+    monkeypatch.setattr(onednn_ops, "_has_amx", lambda: True)
+    up, down = torch.randn(96, 32, dtype=torch.bfloat16), torch.randn(32, 96, dtype=torch.bfloat16)
+    x = torch.randn(37, 32, dtype=torch.bfloat16)  # padded to 48 rows
+    with torch.inference_mode():
+        h = OneDnnLayerOps().linear_act(x, up, None, "relu")
+        view = onednn_ops._padded_input(h, 37, 48)
+        assert view.shape == (48, 96) and view.data_ptr() == h.data_ptr()
+        copied = onednn_ops._padded_input(h.clone(), 37, 48)  # a tensor of its own rows only: copied, zeros after
+        assert copied.data_ptr() != h.data_ptr() and not copied[37:].any()
+        out = OneDnnLayerOps().linear(h, down, None)
+        torch.testing.assert_close(out, torch.nn.functional.linear(h, down), atol=0.05, rtol=0.02)
