@@ -19,9 +19,9 @@ from pathlib import Path
 from quill.models.text.chat_template import ChatTemplate, ChatTemplateError
 from quill.models.loading.checkpoint import LoadedModel, load_checkpoint, resolve_device
 from quill.models.loading.location import locate
+from quill.models.threads import available_cores
 
 from .config import ServerConfig
-from .engine.cpu_threads import usable_cores
 from .engine import (AsyncEngine, CacheConfig, CoreSpec, EngineConfig, EngineFrontend, EngineStartCancelled,
                      KVEventsConfig, ParallelConfig, ProcessEngine, SchedulerConfig, load_engine_model)
 from .structured import GrammarCompiler
@@ -100,13 +100,14 @@ def tool_template_for(name: str, loaded: LoadedModel, source: str | None) -> Cha
 
 def uses_engine_process(config: ServerConfig) -> bool:
     """--engine-process as given; else a process on CUDA, and on the CPU where a fixed --threads leaves the HTTP side
-    a core of its own (see ServerConfig.engine_process)."""
+    a core of its own (see ServerConfig.engine_process): of the cores the process may use, whatever OMP_NUM_THREADS
+    says of the compute threads."""
     if config.engine_process is not None:
         return config.engine_process
     device = resolve_device(config.device)
     if device.type == "cuda":
         return True
-    return device.type == "cpu" and isinstance(config.threads, int) and config.threads < usable_cores()
+    return device.type == "cpu" and isinstance(config.threads, int) and config.threads < available_cores()
 
 
 def kv_events_for(config: ServerConfig, index: int, name: str) -> KVEventsConfig | None:

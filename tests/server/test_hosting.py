@@ -309,13 +309,14 @@ def test_engine_process_flag(monkeypatch):
 
 
 def test_a_cpu_engine_runs_in_a_process_where_its_threads_leave_a_core_free(monkeypatch):
-    monkeypatch.setattr(hosting, "usable_cores", lambda: 2)
+    monkeypatch.setattr(hosting, "available_cores", lambda: 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as benchmarks start servers: it bounds the compute threads only
     cpu = dict(models=["m"], device="cpu")
     assert hosting.uses_engine_process(ServerConfig(**cpu, threads=1))  # the HTTP side gets the other core
     assert not hosting.uses_engine_process(ServerConfig(**cpu, threads=2))  # steps on both cores: a thread
     assert not hosting.uses_engine_process(ServerConfig(**cpu, threads="auto"))
     assert not hosting.uses_engine_process(ServerConfig(**cpu, threads=1, engine_process=False))  # the flag rules
-    monkeypatch.setattr(hosting, "usable_cores", lambda: 1)
+    monkeypatch.setattr(hosting, "available_cores", lambda: 1)
     assert not hosting.uses_engine_process(ServerConfig(**cpu, threads=1))
 
 
