@@ -228,8 +228,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    default=None if engine_env is None else engine_env.lower() not in ("0", "false", "no"),
                    help="run each model's engine core in a process of its own, so the HTTP side and the step loop "
                         "never share an interpreter, or (--no-engine-process) on a thread of the server's process "
-                        "(default: a process on CUDA, and on the CPU where --threads leaves a core free, else a thread; env "
-                        "QUILL_ENGINE_PROCESS)")
+                        "(default: a process on CUDA, and on the CPU where --threads leaves a core free, else a "
+                        "thread; env QUILL_ENGINE_PROCESS)")
     arg("--loop", str, d.loop, "the HTTP side's event loop: auto (uvloop where installed, else asyncio's own), "
         "asyncio or uvloop", choices=EVENT_LOOPS)
     arg("--http", str, d.http, "the HTTP/1.1 implementation: auto (httptools, a C parser, where installed, else "

@@ -301,7 +301,7 @@ def test_bundled_language_models_ship_one_documented_chat_template():
 
 
 def test_engine_process_flag(monkeypatch):
-    assert parse().engine_process is None  # a process on CUDA, a thread elsewhere
+    assert parse().engine_process is None  # decided per device and thread count (uses_engine_process)
     assert parse("--engine-process").engine_process is True
     assert parse("--no-engine-process").engine_process is False
     monkeypatch.setenv("QUILL_ENGINE_PROCESS", "0")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from quill.models.attention import select_attention_backend
+from quill.models.attention.cpu_backend import CpuPagedAttention
 from quill.models.attention.cpu_kernel import kernel
 from quill.models.batch import StepBatch
 from tests.conftest import build_tiny_model, needs_cxx, torch_threads
@@ -92,7 +93,6 @@ def test_bfloat16_steps_through_it_are_as_close_to_float32_as_sdpas(key):
 
 
 def test_a_prompts_first_chunk_reads_no_cache_and_a_later_one_reads_only_its_own_blocks():
-    from quill.models.attention.cpu_backend import CpuPagedAttention
     # a first chunk of 5 (positions 0-4), decodes at 3 and 9, a later chunk at 3-8; tables of 6 blocks of 4
     batch = StepBatch.build([[1] * 5, [1], [1], [1] * 6], [0, 3, 9, 3], block_tables=TABLES)
     decodes, first, later = CpuPagedAttention.build(batch, 4).parts
