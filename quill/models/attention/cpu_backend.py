@@ -43,7 +43,7 @@ class CpuPagedAttention(SdpaPagedAttention):
                 v_cache: torch.Tensor) -> torch.Tensor:
         if part.fresh:
             # (1, heads, tokens, hd): batched 4-D inputs take PyTorch's flash kernel, 3-D ones its matmul path
-            q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))
+            q, k, v = (x.transpose(0, 1)[None] for x in (q, k[part.tokens], v[part.tokens]))
             attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
             return attended[0].transpose(0, 1)
         if part.query_len > 1 or k_cache.dtype not in KERNEL_DTYPES:

@@ -150,14 +150,13 @@ class SdpaPagedAttention:
             return self.batch.unpad(out.transpose(1, 2).flatten(-2))
         out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
         for part in self.parts:
-            t = part.tokens
-            out[t] = self._attend(part, q[t], k[t], v[t], k_cache, v_cache).reshape(-1, out.shape[1])
+            out[part.tokens] = self._attend(part, q[part.tokens], k, v, k_cache, v_cache).reshape(-1, out.shape[1])
         return out
 
     def _attend(self, part: _Part, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor) -> torch.Tensor:
-        """One part's attention: its queries q (tokens, H, hd) -> (tokens, H, hd); k, v its new keys and values
-        (already in the cache, where this reads them)."""
+        """One part's attention: its queries q (tokens, H, hd) -> (tokens, H, hd). k, v: the whole step's new keys
+        and values (T, KVH, hd), the part's at `part.tokens`; already in the cache, where this reads them."""
         keys, values = self._gather_part(part, k_cache, v_cache)
         queries = q.view(part.num_seqs, part.query_len, *q.shape[1:])
         attended = F.scaled_dot_product_attention(

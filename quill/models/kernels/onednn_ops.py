@@ -14,12 +14,10 @@ product is ahead on one thread too: 15-35% more GFLOP/s at 16-37 rows, level or 
 the vLLM side-by-side's load ran decode steps of 160-167 ms against F.linear's 170-195 (five alternating
 runs). Those limits are float32's: in bfloat16 (a CPU with AVX-512-BF16 or AMX) oneDNN's packed product is
 1.2-2.4x F.linear's at every row count from 16 to 2,048 on 2 threads of an AMX Xeon, and fuses the activation
-that F.linear leaves to a separate pass, so
-bfloat16 inputs always go the packed way. The packed copy is made on a
-weight's first use and kept beside it, so
-that everything else reading weights (tied embeddings, saving, training) sees them unchanged: the linear
-weights take their memory twice. A weight replaced, or changed in place outside inference mode, is packed
-again; a dtype oneDNN cannot pack on this CPU (bfloat16 without AVX-512) runs `F.linear`, as does a bfloat16
+that F.linear leaves to a separate pass, so bfloat16 inputs always go the packed way. The packed copy is made on a
+weight's first use and kept beside it, so that everything else reading weights (tied embeddings, saving, training)
+sees them unchanged: the linear weights take their memory twice. A weight replaced, or changed in place outside
+inference mode, is packed again; a dtype oneDNN cannot pack on this CPU (bfloat16 without AVX-512) runs `F.linear`, as does a bfloat16
 weight under float32 inputs (narrow_weights.py).
 
 oneDNN compiles a kernel for every row count it meets (2.5 ms each; kept in a cache of 1,024), and a server's
