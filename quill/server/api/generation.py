@@ -59,20 +59,32 @@ def submit(hosted: HostedModel, prompt_ids: list[int], params: SamplingParams, r
         raise engine_error(e) from None
 
 
-async def until_disconnected(request: Request, work: Awaitable, poll_seconds: float = 0.25):
-    """Run `work`, cancelling it if the client goes away (its request is then aborted by its stream)."""
+async def until_disconnected(request: Request, work: Awaitable):
+    """Run `work`, cancelling it if the client goes away (its request is then aborted by its stream). The body is
+    read by then, so the connection's next message is its end: one waiting task per request, where polling
+    `is_disconnected` cost the event loop a cancel scope per request four times a second (a third of its time with
+    256 requests in flight)."""
     task = asyncio.ensure_future(work)
+    listener = asyncio.ensure_future(_disconnect(request))
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=poll_seconds)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                raise APIError(499, "client disconnected", reason="client_disconnected")
+        await asyncio.wait({task, listener}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise APIError(499, "client disconnected", reason="client_disconnected")
     finally:
-        if not task.done():
-            task.cancel()
+        for t in (task, listener):
+            if not t.done():
+                t.cancel()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone away (or the response is complete: the server then says the same)."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001 - a connection that can no longer be read is gone
+        return
 
 
 @dataclass

@@ -5,8 +5,12 @@ closed, whatever happened."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from quill.server.api.errors import APIError
-from quill.server.api.generation import Submitted, event_stream
+from quill.server.api.generation import Submitted, event_stream, until_disconnected
 from quill.server.engine import CompletionOutput, RequestOutput
 
 
@@ -105,3 +109,55 @@ async def test_a_client_that_leaves_is_logged_as_499():
     subs = submitted(Stream(["a", "b", "c"]))
     assert await read(event_stream(subs, texts, error_event), stop_after=1) == [b"0:a;"]
     assert subs[0].tracker.status == 499 and subs[0].stream.closed
+
+
+class Connection:
+    """An ASGI request's receive channel: its body was read; `leave()` is the client going away."""
+
+    def __init__(self):
+        self.messages: asyncio.Queue = asyncio.Queue()
+        self.reads = 0
+
+    async def receive(self):
+        self.reads += 1
+        return await self.messages.get()
+
+    def leave(self):
+        self.messages.put_nowait({"type": "http.disconnect"})
+
+
+async def test_a_whole_answer_waits_on_the_connection_without_polling_it():
+    conn = Connection()
+
+    async def work():
+        await asyncio.sleep(0.3)  # past the old 0.25 s poll
+        return "answer"
+
+    assert await until_disconnected(conn, work()) == "answer"
+    assert conn.reads == 1  # one read, waiting, then cancelled with the answer
+
+
+async def test_a_client_that_leaves_cancels_the_whole_answer_with_499():
+    conn, cancelled = Connection(), asyncio.Event()
+
+    async def work():
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    asyncio.get_running_loop().call_later(0.05, conn.leave)
+    with pytest.raises(APIError) as e:
+        await asyncio.wait_for(until_disconnected(conn, work()), 5)
+    assert e.value.status == 499
+    await asyncio.wait_for(cancelled.wait(), 1)
+
+
+async def test_an_error_of_the_work_is_raised_as_it_is():
+    async def work():
+        raise APIError(400, "bad")
+
+    with pytest.raises(APIError) as e:
+        await until_disconnected(Connection(), work())
+    assert e.value.status == 400
