@@ -20,8 +20,10 @@ CTranslate2, on the same weights, thread count and source token ids, side by sid
    CTranslate2's translate_batch(max_batch_size=32) over all sources; Quill, all sources sent to /v1/completions
    with 64 in flight (prompt: the ids). Prints tokens/s and sentences/s, and Quill's ratios to both (goals:
    >= 5x transformers, >= 0.7x CTranslate2).
-4. --online: greedy requests arriving as a Poisson process at three rates (by default 0.3, 0.6 and 0.9 of
-   CTranslate2's offline greedy sentences/s in this run), 30 s of arrivals each, source lengths mixed as above;
+4. --online: greedy requests arriving as a Poisson process at five rates (by default 0.3, 0.6, 0.9, 1.2 and 1.5
+   of CTranslate2's offline greedy sentences/s in this run: past the rate it can keep up with, since an engine's
+   throughput within a latency budget is only known where a rate exceeds it), 30 s of arrivals each, source
+   lengths mixed as above;
    CTranslate2 behind a micro-batching thread (what waited, plus what arrives within 50 ms of the oldest, up to
    32, per translate_batch) against Quill over HTTP, not streamed. p50/p99 latency and throughput per rate; then,
    at CTranslate2's p99 where it kept up, the throughput each reaches (goal: Quill >= 1.5x).
@@ -66,7 +68,7 @@ class Seq2SeqSettings:
     batch_size: int = 32  # transformers' static batches, CTranslate2's max_batch_size and micro-batches
     concurrency: int = 64  # Quill's requests in flight, offline
     seed: int = 0
-    rate_fractions: tuple[float, ...] = (0.3, 0.6, 0.9)  # online rates: of CTranslate2's offline greedy sentences/s
+    rate_fractions: tuple[float, ...] = (0.3, 0.6, 0.9, 1.2, 1.5)  # online: of CTranslate2's offline greedy sentences/s
     rates: tuple[float, ...] | None = None  # online rates, requests/s, instead of the fractions
     online_seconds: float = 30.0  # of arrivals, per rate and engine
     drain_cap: float = 30.0  # seconds after the last arrival that an online run waits for its last answers
