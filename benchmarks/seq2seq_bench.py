@@ -76,6 +76,7 @@ class Seq2SeqSettings:
     ready_timeout: float = 600.0
 
 
+ONLINE_SEQS = 256  # Quill's --max-num-seqs at least (as the full run's 64 requests x 4 beams)
 FULL = Seq2SeqSettings("full")
 SMOKE = Seq2SeqSettings("smoke", shape=TINY, sources=6, new_tokens=8, batch_size=4, concurrency=4,
                         rates=(20.0, 40.0), online_seconds=1.0, drain_cap=20.0, batch_window=0.02, ready_timeout=120.0)
@@ -131,11 +132,14 @@ def _offline_baselines(s: Seq2SeqSettings, engines, beams, threads, hf_dir, voca
 def _quill_offline(s, stack, beams, threads, hf_dir, sources, warm, quill_args, log, device="cpu", dtype="float32",
                    ) -> tuple[dict, dict, str | None]:
     """(status, figures by beam width, URL or None)."""
-    cache = qh.cache_bytes(s.concurrency, max(beams), s.source_lens[1], s.new_tokens, s.shape.decoder_layers,
-                           s.shape.d_model, 16, getattr(torch, dtype).itemsize)
+    # The same server whichever widths run: room for every beam of `concurrency` requests at width 4 (and for the
+    # online part's queue to run 256 at once), not a cap of 64 sequences when only greedy runs.
+    seqs = max(ONLINE_SEQS, s.concurrency * max(beams))
+    cache = qh.cache_bytes(seqs, 1, s.source_lens[1], s.new_tokens, s.shape.decoder_layers, s.shape.d_model, 16,
+                           getattr(torch, dtype).itemsize)
     try:
-        url, command, output = qh.start_quill(stack, hf_dir, "marian", threads, max(64, s.concurrency * max(beams)),
-                                              cache, quill_args, s.ready_timeout, log, device, dtype)
+        url, command, output = qh.start_quill(stack, hf_dir, "marian", threads, seqs, cache, quill_args,
+                                              s.ready_timeout, log, device, dtype)
     except qh.QuillUnavailable as e:
         log(f"Quill did not start: {e.reason}")
         return {"ran": False, "refused": e.refused, "reason": e.reason}, {}, None
