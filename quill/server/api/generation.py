@@ -62,7 +62,7 @@ def submit(hosted: HostedModel, prompt_ids: list[int], params: SamplingParams, r
 async def until_disconnected(request: Request, work: Awaitable):
     """Run `work`, cancelling it if the client goes away (its request is then aborted by its stream). The body is
     read by then, so the connection's next message is its end: one waiting task per request, where polling
-    `is_disconnected` cost the event loop a cancel scope per request four times a second (a third of its time with
+    `is_disconnected` cost the event loop a cancel scope per request four times a second (a third of its busy time with
     256 requests in flight)."""
     task = asyncio.ensure_future(work)
     listener = asyncio.ensure_future(_disconnect(request))
