@@ -14,11 +14,16 @@ product is ahead on one thread too: 15-35% more GFLOP/s at 16-37 rows, level or 
 the vLLM side-by-side's load ran decode steps of 160-167 ms against F.linear's 170-195 (five alternating
 runs). Those limits are float32's: in bfloat16 (a CPU with AVX-512-BF16 or AMX) oneDNN's packed product is
 1.2-2.4x F.linear's at every row count from 16 to 2,048 on 2 threads of an AMX Xeon, and fuses the activation
-that F.linear leaves to a separate pass, so bfloat16 inputs always go the packed way. The packed copy is made on a
-weight's first use and kept beside it, so that everything else reading weights (tied embeddings, saving, training)
-sees them unchanged: the linear weights take their memory twice. A weight replaced, or changed in place outside
-inference mode, is packed again; a dtype oneDNN cannot pack on this CPU (bfloat16 without AVX-512) runs `F.linear`, as does a bfloat16
-weight under float32 inputs (narrow_weights.py).
+that F.linear leaves to a separate pass, so bfloat16 inputs always go the packed way. In float32 on that Xeon the
+packed product also stays level or ahead past 128 rows (0.9-1.3x F.linear's rate from 128 to 512 rows at GPT-2's
+and Marian's shapes, noisy), and whole runs say more: the vLLM side-by-side's load in process, whose steps with
+prompt tokens have 145 rows at the median, went from 265-325 to 306-351 tokens/s on 2 threads (four runs of
+each, alternating) and 5% faster on one, row counts new to oneDNN's kernel cache and all (below); so with
+AVX-512 the limit is `PACKED_MAX_ROWS_AVX512`. The packed copy is made on a weight's first use and kept beside it,
+so that everything else reading weights (tied embeddings, saving, training) sees them unchanged: the linear weights
+take their memory twice. A weight replaced, or changed in place outside inference mode, is packed again; a dtype
+oneDNN cannot pack on this CPU (bfloat16 without AVX-512) runs `F.linear`, as does a bfloat16 weight under float32
+inputs (narrow_weights.py).
 
 oneDNN compiles a kernel for every row count it meets (2.5 ms each; kept in a cache of 1,024), and a server's
 steps have any row count up to the step's token budget: a 128-request run compiled 420 of them, a second of its
@@ -37,7 +42,8 @@ import torch
 
 from .torch_ops import ACTIVATIONS, TorchLayerOps
 
-PACKED_MAX_ROWS = 128
+PACKED_MAX_ROWS = 128  # float32 without AVX-512 (the AVX2 EPYC's limit)
+PACKED_MAX_ROWS_AVX512 = 512
 WIDE_OUTPUTS = 8192
 WIDE_MAX_ROWS = 256  # a decode step of beams (4 x 64 sequences) scores this many rows
 # ACTIVATIONS' names -> oneDNN's post-op and its algorithm
@@ -83,7 +89,7 @@ class OneDnnLayerOps(TorchLayerOps):
         if x.dtype != torch.bfloat16:
             wide = weight.shape[0] >= WIDE_OUTPUTS
             rows = x.numel() // max(x.shape[-1], 1)
-            if rows > (WIDE_MAX_ROWS if wide else PACKED_MAX_ROWS):
+            if rows > (max(WIDE_MAX_ROWS, packed_max_rows()) if wide else packed_max_rows()):
                 return None
             if not wide and torch.get_num_threads() == 1 and not _has_avx512():
                 return None
@@ -111,6 +117,11 @@ class OneDnnLayerOps(TorchLayerOps):
 @functools.cache
 def _has_avx512() -> bool:
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+def packed_max_rows() -> int:
+    """The most rows a float32 product goes the packed way with (a wide output layer: at least WIDE_MAX_ROWS)."""
+    return PACKED_MAX_ROWS_AVX512 if _has_avx512() else PACKED_MAX_ROWS
 
 
 @functools.cache

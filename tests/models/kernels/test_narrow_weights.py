@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from quill.models.kernels import TORCH_OPS
 from quill.models.kernels.narrow_weights import narrow_linear_weights, narrows_weights, widened
-from quill.models.kernels.onednn_ops import PACKED_MAX_ROWS, OneDnnLayerOps
+from quill.models.kernels.onednn_ops import OneDnnLayerOps, packed_max_rows
 from quill.models.kernels.ops_linear import OpsLinear
 from quill.models.loading.checkpoint import load_checkpoint
 from tests.models.test_checkpoint import write_checkpoint
@@ -20,7 +20,7 @@ OPS = {"torch": TORCH_OPS, "onednn": OneDnnLayerOps()}
 
 
 @pytest.mark.parametrize("ops", list(OPS))
-@pytest.mark.parametrize("rows", [3, PACKED_MAX_ROWS + 5])
+@pytest.mark.parametrize("rows", [3, packed_max_rows() + 5])
 def test_a_narrowed_product_is_float32_over_the_rounded_weight(ops, rows):
     torch.manual_seed(0)
     x, weight, bias = torch.randn(rows, 48), torch.randn(40, 48).bfloat16(), torch.randn(40)

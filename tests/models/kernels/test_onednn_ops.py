@@ -79,25 +79,35 @@ def test_transformer_steps_through_onednn_equal_the_reference(key):
 
 
 def test_inputs_of_many_rows_keep_f_linear():
-    from quill.models.kernels.onednn_ops import PACKED_MAX_ROWS
+    from quill.models.kernels.onednn_ops import packed_max_rows
 
+    limit = packed_max_rows()
     ops = OneDnnLayerOps()
-    weight, x = torch.randn(8, 16), torch.randn(PACKED_MAX_ROWS + 1, 16)
+    weight, x = torch.randn(8, 16), torch.randn(limit + 1, 16)
     with torch.inference_mode():
         torch.testing.assert_close(ops.linear(x, weight, None), F.linear(x, weight))
         assert not ops.is_packed(weight)
-        ops.linear(x[:PACKED_MAX_ROWS], weight, None)
+        ops.linear(x[:limit], weight, None)
         assert ops.is_packed(weight)
+
+
+def test_float32_goes_the_packed_way_for_more_rows_with_avx512():
+    """Past 128 rows the packed product is level or ahead with AVX-512 (a Xeon), behind without (an AVX2 EPYC)."""
+    from quill.models.kernels import onednn_ops
+
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    assert onednn_ops.packed_max_rows() == (onednn_ops.PACKED_MAX_ROWS_AVX512 if avx512 else onednn_ops.PACKED_MAX_ROWS)
+    assert onednn_ops.PACKED_MAX_ROWS_AVX512 > onednn_ops.PACKED_MAX_ROWS
 
 
 def test_bfloat16_inputs_go_the_packed_way_at_any_row_count():
     """Where oneDNN computes in bfloat16 its packed product beats F.linear at every row count: prompt chunks
     too, on one thread too; where it cannot (no AVX-512-BF16 or AMX) F.linear serves. Either way the answer is
     F.linear's but for bfloat16's rounding of the accumulated sums."""
-    from quill.models.kernels.onednn_ops import PACKED_MAX_ROWS
+    from quill.models.kernels.onednn_ops import packed_max_rows
 
     ops = OneDnnLayerOps()
-    weight, x = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(4 * PACKED_MAX_ROWS, 32, dtype=torch.bfloat16)
+    weight, x = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(2 * packed_max_rows(), 32, dtype=torch.bfloat16)
     with torch.inference_mode(), torch_threads(1):
         out = ops.linear(x, weight, None)
         assert ops.is_packed(weight) == cpu_has_bf16() and out.dtype == torch.bfloat16
@@ -106,16 +116,17 @@ def test_bfloat16_inputs_go_the_packed_way_at_any_row_count():
 
 def test_wide_output_layers_go_the_packed_way_for_more_rows():
     """A vocabulary-wide output layer (oneDNN stays ahead there up to a decode step of beams): packed up to
-    WIDE_MAX_ROWS rows, F.linear past them."""
-    from quill.models.kernels.onednn_ops import PACKED_MAX_ROWS, WIDE_MAX_ROWS, WIDE_OUTPUTS
+    WIDE_MAX_ROWS rows (or the float32 limit where that is higher), F.linear past them."""
+    from quill.models.kernels.onednn_ops import PACKED_MAX_ROWS, WIDE_MAX_ROWS, WIDE_OUTPUTS, packed_max_rows
 
+    limit = max(WIDE_MAX_ROWS, packed_max_rows())
     ops = OneDnnLayerOps()
-    wide, x = torch.randn(WIDE_OUTPUTS, 16), torch.randn(WIDE_MAX_ROWS + 1, 16)
+    wide, x = torch.randn(WIDE_OUTPUTS, 16), torch.randn(limit + 1, 16)
     assert WIDE_MAX_ROWS > PACKED_MAX_ROWS
     with torch.inference_mode():
         torch.testing.assert_close(ops.linear(x, wide, None), F.linear(x, wide), atol=1e-5, rtol=1e-5)
         assert not ops.is_packed(wide)
-        torch.testing.assert_close(ops.linear(x[:WIDE_MAX_ROWS], wide, None), F.linear(x[:WIDE_MAX_ROWS], wide),
+        torch.testing.assert_close(ops.linear(x[:limit], wide, None), F.linear(x[:limit], wide),
                                    atol=1e-5, rtol=1e-5)
         assert ops.is_packed(wide)
 
