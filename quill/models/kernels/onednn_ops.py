@@ -18,7 +18,7 @@ that F.linear leaves to a separate pass, so bfloat16 inputs always go the packed
 packed product also stays level or ahead past 128 rows (0.9-1.3x F.linear's rate from 128 to 512 rows at GPT-2's
 and Marian's shapes, noisy), and whole runs say more: the vLLM side-by-side's load in process, whose steps with
 prompt tokens have 145 rows at the median, went from 265-325 to 306-351 tokens/s on 2 threads (four runs of
-each, alternating) and 5% faster on one, row counts new to oneDNN's kernel cache and all (below); so with
+each, alternating) and 5% faster on one, compiling a kernel for each new row count (below) included; so with
 AVX-512 the limit is `PACKED_MAX_ROWS_AVX512`. The packed copy is made on a weight's first use and kept beside it,
 so that everything else reading weights (tied embeddings, saving, training) sees them unchanged: the linear weights
 take their memory twice. A weight replaced, or changed in place outside inference mode, is packed again; a dtype
