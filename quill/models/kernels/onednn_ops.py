@@ -89,7 +89,7 @@ class OneDnnLayerOps(TorchLayerOps):
         if x.dtype != torch.bfloat16:
             wide = weight.shape[0] >= WIDE_OUTPUTS
             rows = x.numel() // max(x.shape[-1], 1)
-            if rows > (max(WIDE_MAX_ROWS, packed_max_rows()) if wide else packed_max_rows()):
+            if rows > packed_max_rows(wide):
                 return None
             if not wide and torch.get_num_threads() == 1 and not _has_avx512():
                 return None
@@ -119,9 +119,11 @@ def _has_avx512() -> bool:
     return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
-def packed_max_rows() -> int:
-    """The most rows a float32 product goes the packed way with (a wide output layer: at least WIDE_MAX_ROWS)."""
-    return PACKED_MAX_ROWS_AVX512 if _has_avx512() else PACKED_MAX_ROWS
+@functools.cache
+def packed_max_rows(wide: bool = False) -> int:
+    """The most rows a float32 product goes the packed way with; `wide`: into a vocabulary-wide output layer."""
+    rows = PACKED_MAX_ROWS_AVX512 if _has_avx512() else PACKED_MAX_ROWS
+    return max(WIDE_MAX_ROWS, rows) if wide else rows
 
 
 @functools.cache

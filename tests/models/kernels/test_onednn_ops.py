@@ -95,8 +95,11 @@ def test_float32_goes_the_packed_way_for_more_rows_with_avx512():
     """Past 128 rows the packed product is level or ahead with AVX-512 (a Xeon), behind without (an AVX2 EPYC)."""
     from quill.models.kernels import onednn_ops
 
-    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    assert onednn_ops.packed_max_rows() == (onednn_ops.PACKED_MAX_ROWS_AVX512 if avx512 else onednn_ops.PACKED_MAX_ROWS)
+    ops = OneDnnLayerOps()
+    weight, x = torch.randn(8, 16), torch.randn(onednn_ops.PACKED_MAX_ROWS + 100, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(ops.linear(x, weight, None), F.linear(x, weight))
+    assert ops.is_packed(weight) == onednn_ops._has_avx512()
     assert onednn_ops.PACKED_MAX_ROWS_AVX512 > onednn_ops.PACKED_MAX_ROWS
 
 
@@ -119,7 +122,8 @@ def test_wide_output_layers_go_the_packed_way_for_more_rows():
     WIDE_MAX_ROWS rows (or the float32 limit where that is higher), F.linear past them."""
     from quill.models.kernels.onednn_ops import PACKED_MAX_ROWS, WIDE_MAX_ROWS, WIDE_OUTPUTS, packed_max_rows
 
-    limit = max(WIDE_MAX_ROWS, packed_max_rows())
+    limit = packed_max_rows(wide=True)
+    assert limit >= WIDE_MAX_ROWS
     ops = OneDnnLayerOps()
     wide, x = torch.randn(WIDE_OUTPUTS, 16), torch.randn(limit + 1, 16)
     assert WIDE_MAX_ROWS > PACKED_MAX_ROWS
